@@ -1,0 +1,1 @@
+"""The chief: ClusterCoordinator driver, sync-replicas aggregator, training loop, checkpoints."""

@@ -1,0 +1,195 @@
+"""Two ways to run one synchronous step: on the cluster, or in this process (the reference).
+
+Both take the same (step, slot) data, start from the same weights and average the same per-slot
+gradients, so a cluster run and a standalone run end with the same model.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from chief.aggregator import SyncReplicasAggregator
+from chief.data import slot_indices
+from chief.jobs import Job
+from chief.model_state import build_state, dense_gradients
+from cluster.config import TrainConfig
+
+
+@dataclass
+class StepResult:
+    loss: float
+    aggregated: int  # gradients averaged into this step
+    stale_dropped: int  # surplus gradients (backup replicas) dropped since the previous step
+    workers: list[int] = field(default_factory=list)  # workers whose gradients were applied
+
+
+class LocalEngine:
+    """One process, no cluster: the reference every cluster run must match."""
+
+    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+        self.train = train
+        self.features, self.labels = data
+        self.state = build_state(job, weights, self.features[:1])
+        self._step_fn = self._build_step(job)
+
+    def prepare(self, start_step: int) -> None:
+        pass
+
+    def _build_step(self, job: Job):
+        model, optimizer, global_step = self.state.model, self.state.optimizer, self.state.global_step
+        slots = self.train.replicas_to_aggregate
+
+        @tf.function
+        def step_fn(step, xs, ys):
+            variables = model.trainable_variables
+            per_slot, losses = [], []
+            for k in range(slots):
+                with tf.GradientTape() as tape:
+                    loss = job.loss_fn(ys[k], model(xs[k], training=True))
+                per_slot.append(dense_gradients(tape.gradient(loss, variables), variables))
+                losses.append(tf.cast(loss, tf.float32))
+            mean = [tf.add_n(list(gs)) / tf.cast(slots, gs[0].dtype) for gs in zip(*per_slot)]
+            optimizer.apply_gradients(zip(mean, variables))
+            global_step.assign(step + 1)
+            return tf.add_n(losses) / slots
+
+        return step_fn
+
+    def step(self, step: int) -> StepResult:
+        t = self.train
+        idx = [
+            slot_indices(len(self.labels), t.seed, step, k, t.slot_batch_size, t.total_num_replicas)
+            for k in range(t.replicas_to_aggregate)
+        ]
+        xs = np.stack([self.features[i] for i in idx])
+        ys = np.stack([self.labels[i] for i in idx])
+        loss = float(self._step_fn(tf.constant(step, tf.int64), xs, ys))
+        return StepResult(loss=loss, aggregated=t.replicas_to_aggregate, stale_dropped=0, workers=[])
+
+    def close(self) -> int:
+        return 0
+
+
+class ClusterEngine:
+    """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
+
+    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+        self.train = train
+        self.features, self.labels = data
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        self.strategy = tf.distribute.ParameterServerStrategy(resolver)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        with self.strategy.scope():
+            self.state = build_state(job, weights, self.features[:1])
+        self.job = job
+        self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
+        self._late: set[futures.Future] = set()
+
+    def prepare(self, start_step: int) -> None:
+        """Accumulators, the per-worker data and the traced functions, for a run starting at `start_step`."""
+        self.aggregator = SyncReplicasAggregator(
+            self.state.model.trainable_variables,
+            required=self.train.replicas_to_aggregate,
+            total_slots=self.train.total_num_replicas,
+            start_step=start_step,
+        )
+        features, labels = self.features, self.labels
+
+        def dataset_fn():
+            # The whole (small) training set lives on each worker; closures gather their slot's rows.
+            return tf.data.Dataset.from_tensors((features, labels)).repeat()
+
+        self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        self._worker_fn = self._build_worker_fn()
+        self._apply_fn = self._build_apply_fn()
+
+    def _build_worker_fn(self):
+        model, global_step, aggregator, job = self.state.model, self.state.global_step, self.aggregator, self.job
+        strategy = self.strategy
+
+        @tf.function
+        def worker_fn(iterator, step, slot, indices):
+            features, labels = next(iterator)
+            x, y = tf.gather(features, indices), tf.gather(labels, indices)
+
+            def replica_fn(x, y):
+                def compute():
+                    variables = model.trainable_variables
+                    with tf.GradientTape() as tape:
+                        loss = job.loss_fn(y, model(x, training=True))
+                    aggregator.push(slot, step, dense_gradients(tape.gradient(loss, variables), variables))
+                    return tf.cast(loss, tf.float32), tf.constant(True)
+
+                def skip():  # a backup replica whose step is already applied: no work to do
+                    return tf.constant(math.nan, tf.float32), tf.constant(False)
+
+                return tf.cond(tf.equal(global_step.read_value(), step), compute, skip)
+
+            loss, computed = strategy.run(replica_fn, args=(x, y))
+            return tf.distribute.coordinator.experimental_get_current_worker_index(), loss, computed
+
+        return worker_fn
+
+    def _build_apply_fn(self):
+        model, optimizer, global_step, aggregator = (
+            self.state.model,
+            self.state.optimizer,
+            self.state.global_step,
+            self.aggregator,
+        )
+
+        @tf.function
+        def apply_fn(step, chosen):
+            grads = aggregator.take_mean(step, chosen)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            global_step.assign(step + 1)
+
+        return apply_fn
+
+    def step(self, step: int) -> StepResult:
+        t = self.train
+        step_t = tf.constant(step, tf.int64)
+        pending: dict[futures.Future, int] = {}
+        for slot in range(t.total_num_replicas):
+            indices = slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas)
+            remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
+            pending[self._fetchers.submit(remote.fetch)] = slot
+        chosen: dict[int, tuple[int, float]] = {}
+        for done in futures.as_completed(pending):
+            worker, loss, computed = done.result()
+            if computed and len(chosen) < t.replicas_to_aggregate:
+                chosen[pending[done]] = (int(worker), float(loss))
+            if len(chosen) == t.replicas_to_aggregate:
+                break
+        if len(chosen) < t.replicas_to_aggregate:
+            raise RuntimeError(f"step {step}: only {len(chosen)} of {t.replicas_to_aggregate} gradients were computed")
+        mask = [slot in chosen for slot in range(t.total_num_replicas)]
+        self._apply_fn(step_t, tf.constant(mask))
+        self._late.update(f for f in pending if pending[f] not in chosen)
+        return StepResult(
+            loss=float(np.mean([loss for _, loss in chosen.values()])),
+            aggregated=len(chosen),
+            stale_dropped=self._collect_late(),
+            workers=sorted({worker for worker, _ in chosen.values()}),
+        )
+
+    def _collect_late(self, wait_s: float = 0.0) -> int:
+        """Count surplus closures that have finished; their gradients were dropped, never applied."""
+        if wait_s and self._late:
+            futures.wait(self._late, timeout=wait_s)
+        done = {f for f in self._late if f.done()}
+        self._late -= done
+        for f in done:
+            f.result()  # a job error in a backup replica still surfaces
+        return len(done)
+
+    def close(self) -> int:
+        """Wait briefly for surplus closures; returns how many more were dropped."""
+        late = self._collect_late(wait_s=30.0)
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
+        return late

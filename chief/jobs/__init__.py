@@ -1,0 +1,68 @@
+"""Jobs that ship with pstrain, and the loader for `--job package.module[:attr]`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+REQUIRED = ("model_fn", "loss_fn", "optimizer_fn", "train_data")
+
+
+class JobError(ValueError):
+    """A job that cannot be used; the message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: str
+    model_fn: Callable[[], Any]
+    loss_fn: Callable[[Any, Any], Any]
+    optimizer_fn: Callable[[], Any]
+    train_data: Callable[[], tuple[np.ndarray, np.ndarray]]
+    eval_data: Callable[[], tuple[np.ndarray, np.ndarray]] | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.replace(":", ".").rsplit(".", 1)[-1]
+
+
+def load_job(spec: str) -> Job:
+    """Import `package.module` or `package.module:attr` and check it offers the job API."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise JobError(f"--job {spec}: cannot import {module_name} ({e}); check the module path and PYTHONPATH") from None
+    if attr:
+        try:
+            target = getattr(target, attr)
+        except AttributeError:
+            raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
+    missing = [name for name in REQUIRED if not callable(getattr(target, name, None))]
+    if missing:
+        raise JobError(f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} (eval_data optional)")
+    eval_data = getattr(target, "eval_data", None)
+    return Job(
+        spec=spec,
+        model_fn=target.model_fn,
+        loss_fn=target.loss_fn,
+        optimizer_fn=target.optimizer_fn,
+        train_data=target.train_data,
+        eval_data=eval_data if callable(eval_data) else None,
+    )
+
+
+def checked_arrays(spec: str, what: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Validate that a data function returned (features, labels) of equal length."""
+    if not (isinstance(data, tuple) and len(data) == 2):
+        raise JobError(f"--job {spec}: {what}() must return (features, labels) NumPy arrays")
+    features, labels = (np.asarray(a) for a in data)
+    if len(features) != len(labels) or len(features) == 0:
+        raise JobError(
+            f"--job {spec}: {what}() returned {len(features)} features and {len(labels)} labels; they must match and be non-empty"
+        )
+    return features, labels

@@ -1,0 +1,62 @@
+"""metrics.jsonl (one JSON line per step, then a "done" line) and the console progress."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class MetricsLog:
+    """Append-only step log; on resume, lines past the restored step are dropped first."""
+
+    def __init__(self, path: Path, resume_step: int):
+        self.path = path
+        kept = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a crash
+                if "step" in record and record["step"] < resume_step:
+                    kept.append(line)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        tmp.replace(path)
+        self._file = open(path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Progress:
+    """A one-line bar on a terminal, else a line every ~5 % of the run."""
+
+    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout):
+        self.total, self.start, self.tty, self.out = total, start, tty, out
+        self.t0 = time.monotonic()
+        self.every = max(1, total // 20)
+
+    def update(self, step: int, loss: float, examples_per_s: float, aggregated: int) -> None:
+        done = step + 1
+        text = f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
+        if self.tty:
+            filled = int(30 * done / self.total)
+            self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}")
+            if done == self.total:
+                self.out.write("\n")
+        elif done % self.every == 0 or done == self.total or done == self.start + 1:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def message(self, text: str) -> None:
+        if self.tty:
+            self.out.write("\n")
+        self.out.write(text + "\n")
+        self.out.flush()

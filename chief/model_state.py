@@ -1,0 +1,55 @@
+"""Building the job's model and optimizer so that every topology starts from the same weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from chief.jobs import Job
+
+
+@dataclass
+class ModelState:
+    """What a checkpoint holds: the model, its optimizer and the global step."""
+
+    model: tf_keras.Model
+    optimizer: tf_keras.optimizers.Optimizer
+    global_step: tf.Variable
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
+
+
+def initial_weights(job: Job, seed: int, sample: np.ndarray) -> list[np.ndarray]:
+    """The job's initial weights for `seed`, built locally: identical whatever the topology."""
+    tf_keras.utils.set_random_seed(seed)
+    model = job.model_fn()
+    model(sample, training=False)
+    return model.get_weights()
+
+
+def build_state(job: Job, weights: list[np.ndarray], sample: np.ndarray) -> ModelState:
+    """Model, optimizer (with its slots) and global step in the current (strategy) scope."""
+    model = job.model_fn()
+    model(sample, training=False)
+    model.set_weights(weights)
+    optimizer = job.optimizer_fn()
+    create_optimizer_slots(optimizer, model.trainable_variables)
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    return ModelState(model=model, optimizer=optimizer, global_step=global_step)
+
+
+def create_optimizer_slots(optimizer, variables) -> None:
+    """Create slot variables now, so a checkpoint restores into them and they live with the variables."""
+    if hasattr(optimizer, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
+        optimizer._create_all_weights(variables)
+    elif hasattr(optimizer, "build"):  # tf_keras.optimizers.* (new-style)
+        optimizer.build(variables)
+
+
+def dense_gradients(grads, variables) -> list[tf.Tensor]:
+    """Gradients as dense tensors; a variable the loss does not touch gets zeros."""
+    return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]

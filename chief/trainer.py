@@ -1,0 +1,155 @@
+"""The training loop shared by cluster and standalone runs: resume, steps, checkpoints, export."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import tensorflow as tf
+
+from chief.export import evaluate, export_saved_model, local_model
+from chief.jobs import checked_arrays, load_job
+from chief.metrics import MetricsLog, Progress
+from chief.model_state import initial_weights
+from cluster.config import TrainConfig
+
+log = logging.getLogger("pstrain.chief")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a NaN loss, say); the message says at which step and why."""
+
+
+class StopRequested:
+    """SIGTERM/SIGINT ask for a checkpoint at the next step boundary, then a clean exit."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame):
+        self.signal = signum
+
+
+def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
+    """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
+    stop = StopRequested()
+    job = load_job(train.job)
+    data = checked_arrays(job.spec, "train_data", job.train_data())
+    eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
+    sample = data[0][:1]
+    weights = initial_weights(job, train.seed, sample)
+
+    from chief.engines import ClusterEngine, LocalEngine
+
+    engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
+    state = engine.state
+    manager = tf.train.CheckpointManager(state.checkpoint(), str(run_dir / "checkpoints"), max_to_keep=3)
+    if manager.latest_checkpoint:
+        state.checkpoint().restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    start = int(state.global_step.numpy())
+    if start:
+        log.info("resumed from %s at step %d", manager.latest_checkpoint, start)
+    engine.prepare(start)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
+    progress = Progress(train.steps, start, tty=os.environ.get("PSTRAIN_TTY") == "1")
+    progress.message(
+        f"pstrain: {'standalone' if standalone else 'cluster'} run of {job.spec}, steps {start}..{train.steps}, "
+        f"global batch {train.global_batch_size} = {train.replicas_to_aggregate} x {train.slot_batch_size}"
+        + (
+            f", {train.total_num_replicas - train.replicas_to_aggregate} backup"
+            if train.total_num_replicas > train.replicas_to_aggregate
+            else ""
+        )
+    )
+    t_run = time.monotonic()
+    stale_total = 0
+    for step in range(start, train.steps):
+        t0 = time.monotonic()
+        result = engine.step(step)
+        seconds = time.monotonic() - t0
+        stale_total += result.stale_dropped
+        if not math.isfinite(result.loss):
+            manager.save(checkpoint_number=step)  # state before the bad step: nothing applied is lost
+            raise TrainingError(f"step {step}: loss is {result.loss}; stopped before going further (lower the learning rate?)")
+        metrics.write(
+            {
+                "step": step,
+                "loss": result.loss,
+                "aggregated": result.aggregated,
+                "stale_dropped": result.stale_dropped,
+                "workers": result.workers,
+                "seconds": round(seconds, 6),
+            }
+        )
+        progress.update(step, result.loss, train.global_batch_size / max(seconds, 1e-9), result.aggregated)
+        done = step + 1
+        if train.checkpoint_every and done % train.checkpoint_every == 0 and done < train.steps:
+            manager.save(checkpoint_number=done)
+        if stop.signal is not None:
+            manager.save(checkpoint_number=done)
+            progress.message(
+                f"pstrain: stopped by {signal.Signals(stop.signal).name} after step {done}; checkpoint saved, run again to resume"
+            )
+            metrics.close()
+            return 128 + stop.signal
+    stale_total += engine.close()
+    wall = time.monotonic() - t_run
+    if start < train.steps:
+        manager.save(checkpoint_number=train.steps)
+    final = local_model(job, state.model.get_weights(), sample)
+    scores = evaluate(job, final, eval_set)
+    export_saved_model(final, sample, run_dir / "saved_model")
+    metrics.write(
+        {"event": "done", "steps": train.steps, **scores, "stale_dropped_total": stale_total, "wall_seconds": round(wall, 3)}
+    )
+    metrics.close()
+    progress.message(
+        f"pstrain: done in {wall:.1f}s; "
+        + ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
+        + f"; saved model in {run_dir / 'saved_model'}"
+    )
+    return 0
+
+
+def last_line(message: str) -> str:
+    """TF wraps errors from traced code as "in user code: ... <the error>": keep the error."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
+    """Run, turning user mistakes and training errors into one-line messages."""
+    from chief.jobs import JobError
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+    log.setLevel(logging.INFO)
+    tf.get_logger().setLevel(logging.WARNING)
+    try:
+        return run(run_dir, train, standalone)
+    except JobError as e:
+        print(f"pstrain: error: {e}", file=sys.stderr)
+        return 2
+    except TrainingError as e:
+        print(f"pstrain: error: {e}", file=sys.stderr)
+        return 1
+    except tf.errors.UnavailableError as e:
+        first = e.message.splitlines()[0] if e.message else "unavailable"
+        print(
+            f"pstrain: error: a cluster task became unreachable ({first}); run the same command again to resume from the last checkpoint",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as e:  # a job that raises: one line here, the traceback in the log dir
+        trace = run_dir / "logs" / "chief-0.traceback"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        trace.write_text(traceback.format_exc())
+        print(f"pstrain: error: {type(e).__name__}: {last_line(str(e))} (traceback in {trace})", file=sys.stderr)
+        return 1

@@ -1,0 +1,258 @@
+"""The cluster config: one TOML file, command-line overrides, validation into frozen dataclasses.
+
+Pure logic only (no sockets, no processes): every invalid field raises ``ConfigError`` with a
+one-line message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_JOB = "chief.jobs.digits"
+AUTO = "auto"
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config or flags; the message is shown as is, without a traceback."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where each task runs. Port 0 means "pick a free port" (only on this machine)."""
+
+    chief: str = f"{DEFAULT_HOST}:0"
+    ps: tuple[str, ...] = (f"{DEFAULT_HOST}:0",)
+    workers: tuple[str, ...] = (f"{DEFAULT_HOST}:0", f"{DEFAULT_HOST}:0")
+    # GPU index per worker (None: no GPU); "auto" resolves to GPU i for worker i where it exists.
+    worker_gpus: tuple[int | None, ...] = (None, None)
+    chief_gpus: str = ""  # CUDA_VISIBLE_DEVICES for the chief; empty = no GPU
+    ps_gpus: str = ""  # CUDA_VISIBLE_DEVICES for every ps task; empty = no GPU
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train and how; the fields of the ``[train]`` section."""
+
+    job: str = DEFAULT_JOB
+    steps: int = 300
+    global_batch_size: int = 64
+    replicas_to_aggregate: int = 0  # 0: the number of workers
+    total_num_replicas: int = 0  # 0: replicas_to_aggregate (no backup workers)
+    seed: int = 0
+    checkpoint_every: int = 100
+    run_dir: str = ""  # empty: runs/<job>-<timestamp>
+    startup_timeout: float = 60.0  # seconds to wait for every TF server to accept connections
+
+    @property
+    def slot_batch_size(self) -> int:
+        """Examples behind each aggregated gradient."""
+        return self.global_batch_size // self.replicas_to_aggregate
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: ClusterConfig
+    train: TrainConfig
+
+
+CLUSTER_FIELDS = ("host", "chief", "ps", "workers", "worker_gpus", "chief_gpus", "ps_gpus")
+TRAIN_FIELDS = tuple(f.name for f in fields(TrainConfig))
+SECTIONS = {"cluster": CLUSTER_FIELDS, "train": TRAIN_FIELDS}
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a config file; a missing or malformed file is a ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file {path} not found; pass the path of a TOML config") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config: {path} is not valid TOML ({e}); fix the syntax") from None
+
+
+def _check_known(section: str, table: dict[str, Any], known: tuple[str, ...]) -> None:
+    for key in table:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean '{near[0]}'?" if near else f"known fields: {', '.join(known)}"
+            raise ConfigError(f"[{section}] {key}: unknown field; {hint}")
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_address(name: str, address: Any) -> tuple[str, int]:
+    """'host:port' -> (host, port); brackets allowed around IPv6 hosts."""
+    if not isinstance(address, str) or ":" not in address:
+        raise ConfigError(f"{name}: expected 'host:port', got {address!r}")
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{name}: expected 'host:port' with a port 0-65535, got {address!r}")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _addresses(name: str, value: Any, host: str) -> tuple[str, ...]:
+    """A task list is either a count (free ports on `host`) or a list of 'host:port'."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = _int(name, value, 1)
+        return tuple(format_address(host, 0) for _ in range(count))
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{name}: expected a count or a non-empty list of 'host:port', got {value!r}")
+    for i, address in enumerate(value):
+        parse_address(f"{name}[{i}]", address)
+    return tuple(value)
+
+
+def _worker_gpus(value: Any, count: int, gpu_count: int) -> tuple[int | None, ...]:
+    if value == AUTO:
+        return tuple(i if i < gpu_count else None for i in range(count))
+    if not isinstance(value, list) or len(value) != count:
+        raise ConfigError(f'cluster.worker_gpus: expected "auto" or a list of {count} GPU indices (-1 for none), got {value!r}')
+    gpus = []
+    for i, gpu in enumerate(value):
+        _int(f"cluster.worker_gpus[{i}]", gpu, -1)
+        gpus.append(None if gpu < 0 else gpu)
+    return tuple(gpus)
+
+
+def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, gpu_count: int = 0) -> Config:
+    """Validate a parsed TOML document plus flag overrides into a Config.
+
+    `overrides` maps flag names (``workers``, ``ps``, ``host`` and every TrainConfig field) to values;
+    None values are ignored. `gpu_count` is the number of GPUs on this machine, used for "auto" GPUs
+    and to reject indices that do not exist here.
+    """
+    for section in raw:
+        if section not in SECTIONS:
+            near = difflib.get_close_matches(section, SECTIONS, n=1)
+            hint = f"did you mean [{near[0]}]?" if near else "the sections are [cluster] and [train]"
+            raise ConfigError(f"[{section}]: unknown section; {hint}")
+    cluster_raw = dict(raw.get("cluster", {}))
+    train_raw = dict(raw.get("train", {}))
+    for section, table in (("cluster", cluster_raw), ("train", train_raw)):
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}]: expected a table of fields")
+        _check_known(section, table, SECTIONS[section])
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        (cluster_raw if key in CLUSTER_FIELDS else train_raw)[key] = value
+    cluster = _resolve_cluster(cluster_raw, gpu_count)
+    train = _resolve_train(train_raw, len(cluster.workers))
+    return Config(cluster=cluster, train=train)
+
+
+def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
+    host = raw.get("host", DEFAULT_HOST)
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"cluster.host: expected a host name or address, got {host!r}")
+    chief = raw.get("chief", format_address(host, 0))
+    parse_address("cluster.chief", chief)
+    ps = _addresses("cluster.ps", raw.get("ps", 1), host)
+    workers = _addresses("cluster.workers", raw.get("workers", 2), host)
+    gpus = _worker_gpus(raw.get("worker_gpus", AUTO), len(workers), gpu_count)
+    for i, gpu in enumerate(gpus):
+        worker_host = parse_address("cluster.workers", workers[i])[0]
+        if gpu is not None and is_local_host(worker_host) and gpu >= gpu_count:
+            have = f"it has {gpu_count}" if gpu_count else "it has none"
+            raise ConfigError(
+                f"cluster.worker_gpus[{i}]: GPU {gpu} does not exist on this machine ({have}); "
+                'use an index below that, -1 for no GPU, or "auto"'
+            )
+    for name in ("chief_gpus", "ps_gpus"):
+        if not isinstance(raw.get(name, ""), str):
+            raise ConfigError(f'cluster.{name}: expected a CUDA_VISIBLE_DEVICES string such as "0" or ""')
+    cluster = ClusterConfig(
+        chief=chief,
+        ps=ps,
+        workers=workers,
+        worker_gpus=gpus,
+        chief_gpus=raw.get("chief_gpus", ""),
+        ps_gpus=raw.get("ps_gpus", ""),
+    )
+    check_unique_addresses(cluster)
+    return cluster
+
+
+def check_unique_addresses(cluster: ClusterConfig) -> None:
+    """Two tasks may not share a host:port (port 0 is resolved later, so it never clashes)."""
+    seen: dict[tuple[str, int], str] = {}
+    for name, address in task_addresses(cluster):
+        key = parse_address(name, address)
+        if key[1] == 0:
+            continue
+        if key in seen:
+            raise ConfigError(f"{name}: address {address} is also used by {seen[key]}; give each task its own port")
+        seen[key] = name
+
+
+def task_addresses(cluster: ClusterConfig) -> list[tuple[str, str]]:
+    """(config field name, address) of every task, chief first."""
+    named = [("cluster.chief", cluster.chief)]
+    named += [(f"cluster.ps[{i}]", a) for i, a in enumerate(cluster.ps)]
+    named += [(f"cluster.workers[{i}]", a) for i, a in enumerate(cluster.workers)]
+    return named
+
+
+def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
+    defaults = TrainConfig()
+    job = raw.get("job", defaults.job)
+    if not isinstance(job, str) or not job.strip():
+        raise ConfigError(f"train.job: expected 'package.module' or 'package.module:attr', got {job!r}")
+    steps = _int("train.steps", raw.get("steps", defaults.steps), 1)
+    batch = _int("train.global_batch_size", raw.get("global_batch_size", defaults.global_batch_size), 1)
+    replicas = _int("train.replicas_to_aggregate", raw.get("replicas_to_aggregate", 0), 0) or num_workers
+    total = _int("train.total_num_replicas", raw.get("total_num_replicas", 0), 0) or replicas
+    if replicas > total:
+        raise ConfigError(
+            f"train.replicas_to_aggregate: {replicas} is larger than train.total_num_replicas ({total}); "
+            "aggregate at most as many gradients as are computed per step"
+        )
+    if batch % replicas:
+        raise ConfigError(
+            f"train.global_batch_size: {batch} does not split evenly over {replicas} aggregated gradients; "
+            f"use a multiple of {replicas}"
+        )
+    seed = _int("train.seed", raw.get("seed", defaults.seed), 0)
+    every = _int("train.checkpoint_every", raw.get("checkpoint_every", defaults.checkpoint_every), 0)
+    run_dir = raw.get("run_dir", "")
+    if not isinstance(run_dir, str):
+        raise ConfigError(f"train.run_dir: expected a path, got {run_dir!r}")
+    timeout = raw.get("startup_timeout", defaults.startup_timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"train.startup_timeout: expected seconds > 0, got {timeout!r}")
+    return TrainConfig(
+        job=job.strip(),
+        steps=steps,
+        global_batch_size=batch,
+        replicas_to_aggregate=replicas,
+        total_num_replicas=total,
+        seed=seed,
+        checkpoint_every=every,
+        run_dir=run_dir,
+        startup_timeout=float(timeout),
+    )
+
+
+def is_local_host(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def with_train(config: Config, **changes: Any) -> Config:
+    return replace(config, train=replace(config.train, **changes))

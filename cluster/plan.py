@@ -1,0 +1,63 @@
+"""Pure planning: a resolved cluster config -> each task's TF_CONFIG and environment."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from cluster.config import ClusterConfig
+
+# Every task: fail fast on unreachable peers so ClusterCoordinator can retry (TF's PS tutorial),
+# legacy Keras (Keras 3 has no ParameterServerStrategy), unbuffered logs.
+COMMON_ENV = {
+    "GRPC_FAIL_FAST": "use_caller",
+    "TF_USE_LEGACY_KERAS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One process of the cluster: its role, its address and the environment it starts with."""
+
+    type: str  # "chief", "ps" or "worker"
+    index: int
+    address: str
+    env: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}-{self.index}"
+
+
+def cluster_spec(cluster: ClusterConfig) -> dict[str, list[str]]:
+    """The ``cluster`` part of TF_CONFIG."""
+    return {"chief": [cluster.chief], "ps": list(cluster.ps), "worker": list(cluster.workers)}
+
+
+def tf_config(cluster: ClusterConfig, task_type: str, index: int) -> str:
+    return json.dumps({"cluster": cluster_spec(cluster), "task": {"type": task_type, "index": index}})
+
+
+def visible_devices(cluster: ClusterConfig, task_type: str, index: int) -> str:
+    """CUDA_VISIBLE_DEVICES: a worker sees its own GPU; ps and chief see none unless configured."""
+    if task_type == "worker":
+        gpu = cluster.worker_gpus[index]
+        return "" if gpu is None else str(gpu)
+    return cluster.ps_gpus if task_type == "ps" else cluster.chief_gpus
+
+
+def plan_task(cluster: ClusterConfig, task_type: str, index: int) -> TaskPlan:
+    address = cluster_spec(cluster)[task_type][index]
+    env = dict(COMMON_ENV)
+    env["TF_CONFIG"] = tf_config(cluster, task_type, index)
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices(cluster, task_type, index)
+    return TaskPlan(type=task_type, index=index, address=address, env=env)
+
+
+def plan_servers(cluster: ClusterConfig) -> list[TaskPlan]:
+    """The passive TF servers, ps first (workers' closures read variables from them)."""
+    return [plan_task(cluster, "ps", i) for i in range(len(cluster.ps))] + [
+        plan_task(cluster, "worker", i) for i in range(len(cluster.workers))
+    ]

@@ -1,0 +1,130 @@
+"""Child processes of the launcher: started with their plan's env, logged per task, always reaped."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from cluster.plan import TaskPlan
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL if the launcher dies, so no task outlives it (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Child:
+    plan: TaskPlan
+    process: subprocess.Popen
+    log_path: Path
+    pump: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's -N for "killed by signal N" as a shell would report it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.children: list[Child] = []
+
+    def start(self, plan: TaskPlan, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
+        """Start a task; its output goes to logs/<type>-<index>.log (and to `echo` if given)."""
+        log_path = self.log_dir / f"{plan.name}.log"
+        log_file = open(log_path, "ab")
+        env = {**os.environ, **plan.env, **(extra_env or {})}
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if echo else log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the launcher only; it stops children in order
+            preexec_fn=_die_with_parent,
+        )
+        child = Child(plan, process, log_path)
+        if echo:
+            child.pump = threading.Thread(target=_pump, args=(process.stdout, log_file, echo), daemon=True)
+            child.pump.start()
+        else:
+            log_file.close()
+        self.children.append(child)
+        return child
+
+    def first_dead(self, exclude: Child | None = None) -> Child | None:
+        for child in self.children:
+            if child is not exclude and child.process.poll() is not None:
+                return child
+        return None
+
+    def stop(self, child: Child, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after `grace_s`; always reaped."""
+        if child.process.poll() is None:
+            try:
+                child.process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                child.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+        child.process.wait()
+        if child.pump:
+            child.pump.join(timeout=5)
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                try:
+                    child.process.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+            if child.pump:
+                child.pump.join(timeout=5)
+
+
+def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO) -> None:
+    """Copy a child's output to its log and the console, byte for byte (progress bars keep their \\r)."""
+    with log_file:
+        while True:
+            chunk = os.read(source.fileno(), 65536)
+            if not chunk:
+                break
+            log_file.write(chunk)
+            log_file.flush()
+            try:
+                echo.write(chunk)
+                echo.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

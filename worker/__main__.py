@@ -1,0 +1,3 @@
+from worker.server import serve
+
+raise SystemExit(serve())

@@ -1,0 +1,58 @@
+"""Start a `tf.distribute.Server` for the task that TF_CONFIG names and serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+
+log = logging.getLogger("pstrain.server")
+
+
+def task_from_env() -> tuple[dict, str, int]:
+    """(cluster spec, task type, task index) from TF_CONFIG, with one-line errors."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise SystemExit("pstrain server: TF_CONFIG is not set; the launcher sets it, or set it as TFJob does")
+    try:
+        config = json.loads(raw)
+        cluster, task = config["cluster"], config["task"]
+        task_type, index = task["type"], int(task["index"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"pstrain server: TF_CONFIG is invalid ({e!r}); expect {{cluster: ..., task: {{type, index}}}}"
+        ) from None
+    if task_type not in ("worker", "ps"):
+        raise SystemExit(f"pstrain server: TF_CONFIG task type {task_type!r} is not 'worker' or 'ps'")
+    if index >= len(cluster.get(task_type, [])):
+        raise SystemExit(f"pstrain server: TF_CONFIG task {task_type}:{index} is missing from its cluster")
+    return cluster, task_type, index
+
+
+def serve() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+    cluster, task_type, index = task_from_env()
+    # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    import tensorflow as tf
+
+    devices = [f"{d.device_type}:{d.name}" for d in tf.config.list_physical_devices()]
+    log.info(
+        "%s:%d pid %d CUDA_VISIBLE_DEVICES=%r devices %s",
+        task_type,
+        index,
+        os.getpid(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        devices,
+    )
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", start=True
+    )
+    log.info("%s:%d serving at %s", task_type, index, server.target)
+    received = signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    log.info("%s:%d stopping on %s", task_type, index, signal.Signals(received).name)
+    sys.stdout.flush()
+    # A TF server cannot be stopped in-process; leaving now is the documented way down.
+    os._exit(0)
