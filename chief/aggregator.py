@@ -11,6 +11,7 @@ once semantics) pushes the same gradient twice and the slot still yields that gr
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ class SyncReplicasAggregator:
 
     def push(self, slot: int, step: tf.Tensor, grads: list[tf.Tensor]) -> None:
         """Worker side (inside a traced closure): hand this slot's gradient to the ps."""
-        for group, handle in zip(self.groups, self.accumulators[slot]):
+        for group, handle in zip(self.groups, self.accumulators[slot], strict=True):
             flat = tf.concat([tf.reshape(grads[i], [-1]) for i in group.indices], axis=0)
             tf.raw_ops.ResourceAccumulatorApplyGradient(handle=handle, local_step=step, gradient=flat)
 
@@ -81,18 +82,20 @@ class SyncReplicasAggregator:
         next_step = step + 1
         grads: list[tf.Tensor | None] = [None] * len(self.variables)
         for g, group in enumerate(self.groups):
+            size = sum(group.sizes)
             with tf.device(group.device):
                 total = None
                 for slot in range(self.total_slots):
                     handle = self.accumulators[slot][g]
                     part = tf.cond(
                         chosen[slot],
-                        lambda h=handle: self._take(h, group.dtype),
-                        lambda h=handle, n=sum(group.sizes): self._flush(h, group.dtype, n, next_step),
+                        functools.partial(self._take, handle, group.dtype),
+                        functools.partial(self._flush, handle, group.dtype, size, next_step),
                     )
                     total = part if total is None else total + part
                 mean = total / tf.cast(self.required, group.dtype)
-                for i, piece, shape in zip(group.indices, tf.split(mean, group.sizes), group.shapes):
+                pieces = tf.split(mean, group.sizes)
+                for i, piece, shape in zip(group.indices, pieces, group.shapes, strict=True):
                     grads[i] = tf.reshape(piece, shape)
         return grads
 

@@ -7,6 +7,7 @@ gradients, so a cluster run and a standalone run end with the same model.
 from __future__ import annotations
 
 import math
+import time
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ class StepResult:
     aggregated: int  # gradients averaged into this step
     stale_dropped: int  # surplus gradients (backup replicas) dropped since the previous step
     workers: list[int] = field(default_factory=list)  # workers whose gradients were applied
+    timing: dict[str, float] = field(default_factory=dict)  # seconds per phase of the step
+    applied: bool = True  # False when the loss was not finite: the update was withheld
 
 
 class LocalEngine:
@@ -53,10 +56,16 @@ class LocalEngine:
                     loss = job.loss_fn(ys[k], model(xs[k], training=True))
                 per_slot.append(dense_gradients(tape.gradient(loss, variables), variables))
                 losses.append(tf.cast(loss, tf.float32))
-            mean = [tf.add_n(list(gs)) / tf.cast(slots, gs[0].dtype) for gs in zip(*per_slot)]
-            optimizer.apply_gradients(zip(mean, variables))
-            global_step.assign(step + 1)
-            return tf.add_n(losses) / slots
+            mean = [tf.add_n(list(gs)) / tf.cast(slots, gs[0].dtype) for gs in zip(*per_slot, strict=True)]
+            loss = tf.add_n(losses) / slots
+
+            def apply():
+                optimizer.apply_gradients(zip(mean, variables, strict=True))
+                global_step.assign(step + 1)
+                return tf.constant(True)
+
+            applied = tf.cond(tf.math.is_finite(loss), apply, lambda: tf.constant(False))
+            return loss, applied
 
         return step_fn
 
@@ -68,8 +77,8 @@ class LocalEngine:
         ]
         xs = np.stack([self.features[i] for i in idx])
         ys = np.stack([self.labels[i] for i in idx])
-        loss = float(self._step_fn(tf.constant(step, tf.int64), xs, ys))
-        return StepResult(loss=loss, aggregated=t.replicas_to_aggregate, stale_dropped=0, workers=[])
+        loss, applied = self._step_fn(tf.constant(step, tf.int64), xs, ys)
+        return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
 
     def close(self) -> int:
         return 0
@@ -146,19 +155,21 @@ class ClusterEngine:
         @tf.function
         def apply_fn(step, chosen):
             grads = aggregator.take_mean(step, chosen)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             global_step.assign(step + 1)
 
         return apply_fn
 
     def step(self, step: int) -> StepResult:
         t = self.train
+        t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
         pending: dict[futures.Future, int] = {}
         for slot in range(t.total_num_replicas):
             indices = slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas)
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
             pending[self._fetchers.submit(remote.fetch)] = slot
+        t1 = time.perf_counter()
         chosen: dict[int, tuple[int, float]] = {}
         for done in futures.as_completed(pending):
             worker, loss, computed = done.result()
@@ -168,14 +179,21 @@ class ClusterEngine:
                 break
         if len(chosen) < t.replicas_to_aggregate:
             raise RuntimeError(f"step {step}: only {len(chosen)} of {t.replicas_to_aggregate} gradients were computed")
-        mask = [slot in chosen for slot in range(t.total_num_replicas)]
-        self._apply_fn(step_t, tf.constant(mask))
+        t2 = time.perf_counter()
+        loss = float(np.mean([loss for _, loss in chosen.values()]))
+        applied = math.isfinite(loss)
+        if applied:
+            mask = [slot in chosen for slot in range(t.total_num_replicas)]
+            self._apply_fn(step_t, tf.constant(mask))
+        t3 = time.perf_counter()
         self._late.update(f for f in pending if pending[f] not in chosen)
         return StepResult(
-            loss=float(np.mean([loss for _, loss in chosen.values()])),
+            loss=loss,
+            applied=applied,
             aggregated=len(chosen),
             stale_dropped=self._collect_late(),
             workers=sorted({worker for worker, _ in chosen.values()}),
+            timing={"schedule": t1 - t0, "gradients": t2 - t1, "apply": t3 - t2},
         )
 
     def _collect_late(self, wait_s: float = 0.0) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -76,9 +75,12 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         result = engine.step(step)
         seconds = time.monotonic() - t0
         stale_total += result.stale_dropped
-        if not math.isfinite(result.loss):
-            manager.save(checkpoint_number=step)  # state before the bad step: nothing applied is lost
-            raise TrainingError(f"step {step}: loss is {result.loss}; stopped before going further (lower the learning rate?)")
+        if not result.applied:
+            manager.save(checkpoint_number=step)  # the state before the bad step; its update was withheld
+            raise TrainingError(
+                f"step {step}: loss is {result.loss}; stopped without applying it, checkpoint at step {step} "
+                "(lower the learning rate or check the data)"
+            )
         metrics.write(
             {
                 "step": step,
@@ -87,6 +89,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
                 "stale_dropped": result.stale_dropped,
                 "workers": result.workers,
                 "seconds": round(seconds, 6),
+                **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
             }
         )
         progress.update(step, result.loss, train.global_batch_size / max(seconds, 1e-9), result.aggregated)
@@ -143,7 +146,8 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     except tf.errors.UnavailableError as e:
         first = e.message.splitlines()[0] if e.message else "unavailable"
         print(
-            f"pstrain: error: a cluster task became unreachable ({first}); run the same command again to resume from the last checkpoint",
+            f"pstrain: error: a cluster task became unreachable ({first}); "
+            "run the same command again to resume from the last checkpoint",
             file=sys.stderr,
         )
         return 1

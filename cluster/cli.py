@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -52,9 +53,21 @@ def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
         name = flag[2:].replace("-", "_")
         overrides[name] = getattr(args, name)
     config = resolve(raw, overrides, gpu_count=gpu_count)
+    check_job_module(config.train.job)
     if not config.train.run_dir:
         config = with_train(config, run_dir=default_run_dir(config.train.job))
     return config
+
+
+def check_job_module(spec: str) -> None:
+    """Fail before any process starts when the job's module cannot be found at all."""
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"train.job: module {module!r} not found; give an importable package.module (is it on PYTHONPATH?)")
 
 
 def main(argv: list[str] | None = None) -> int:

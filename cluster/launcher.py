@@ -11,9 +11,15 @@ from cluster import rundir
 from cluster.config import Config
 from cluster.plan import plan_servers, plan_task
 from cluster.ports import assign_ports, wait_listening
-from cluster.supervisor import Supervisor, exit_code, python_module
+from cluster.supervisor import Child, Supervisor, exit_code, python_module
 
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after SIGTERM before it is killed
+
+
+def describe_not_ready(child: Child) -> str:
+    code = child.process.poll()
+    state = "not listening" if code is None else f"exited with code {exit_code(code)}"
+    return f"{child.name} at {child.plan.address} ({state}; see {child.log_path})"
 
 
 def launch(config: Config) -> int:
@@ -44,11 +50,7 @@ def launch(config: Config) -> int:
         if stop_signal:
             return 128 + stop_signal[0]
         if missing:
-            details = ", ".join(
-                f"{c.name} at {c.plan.address} ({'exited ' + str(c.process.returncode) if c.process.poll() is not None else 'not listening'}; see {c.log_path})"
-                for c in servers
-                if c.name in missing
-            )
+            details = ", ".join(describe_not_ready(c) for c in servers if c.name in missing)
             print(f"pstrain: error: tasks not ready after {train.startup_timeout:g}s: {details}", file=sys.stderr)
             return 1
         chief_env = {"PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0"}
@@ -62,7 +64,7 @@ def launch(config: Config) -> int:
         forwarded = False
         while chief.process.poll() is None:
             if stop_signal and not forwarded:
-                chief.process.send_signal(signal.SIGTERM)  # checkpoint at the next step, then exit
+                chief.process.send_signal(stop_signal[0])  # checkpoint at the next step, then exit
                 forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
             if forwarded and time.monotonic() > deadline:
                 chief.process.kill()
@@ -76,7 +78,8 @@ def launch(config: Config) -> int:
                 )
             time.sleep(0.1)
         supervisor.stop(chief, grace_s=0)
-        return exit_code(chief.process.returncode)
+        code = exit_code(chief.process.returncode)
+        return 128 + stop_signal[0] if stop_signal and code else code
     finally:
         supervisor.stop_all()
         for sig, handler in previous.items():

@@ -1,0 +1,107 @@
+"""Running pstrain as a user would (a real subprocess), and checking nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+PSTRAIN = [sys.executable, "-m", "cluster.cli"]
+
+
+@dataclass
+class Result:
+    returncode: int
+    output: str
+    seen_pids: set[int] = field(default_factory=set)
+
+
+def _descendants(process: psutil.Process) -> set[int]:
+    try:
+        return {p.pid for p in process.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def alive(pids: set[int]) -> list[psutil.Process]:
+    """Processes among `pids` that still run (zombies count as gone: they hold no resources)."""
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def run_pstrain(
+    args: list[str],
+    timeout: float = 300,
+    signal_when=None,
+    send: int = signal.SIGINT,
+    env: dict | None = None,
+) -> Result:
+    """Run `pstrain ARGS`, recording every descendant pid; optionally send a signal when
+    `signal_when()` turns true. Kills what remains on timeout (and fails)."""
+    process = subprocess.Popen(
+        PSTRAIN + args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        text=True,
+    )
+    ps = psutil.Process(process.pid)
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    signalled = False
+    while process.poll() is None and time.monotonic() < deadline:
+        seen |= _descendants(ps)
+        if signal_when and not signalled and signal_when():
+            process.send_signal(send)
+            signalled = True
+        time.sleep(0.1)
+    if process.poll() is None:
+        for p in alive(seen | {process.pid}):
+            p.kill()
+        process.wait()
+        raise AssertionError(f"pstrain {' '.join(args)} did not finish within {timeout}s:\n{process.stdout.read()}")
+    output = process.stdout.read()
+    return Result(process.returncode, output, seen)
+
+
+def assert_no_orphans(result: Result, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while alive(result.seen_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = alive(result.seen_pids)
+    assert not left, f"processes left running: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
+    steps, done = [], None
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "done":
+            done = record
+        else:
+            steps.append(record)
+    return steps, done
+
+
+def predictions(run_dir: Path, features: np.ndarray) -> np.ndarray:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(run_dir / "saved_model"))
+    return loaded.signatures["serving_default"](tf.constant(features))["predictions"].numpy()

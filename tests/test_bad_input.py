@@ -1,0 +1,92 @@
+"""User mistakes: one line naming the problem and the fix, a non-zero exit, no traceback, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, run_pstrain
+
+
+def assert_one_line_error(result, startswith: str, code: int = 2) -> None:
+    assert result.returncode == code, result.output
+    assert "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"pstrain: error: {startswith}"), result.output
+
+
+def test_malformed_config_file(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("[train]\nsteps = = 3\n")
+    result = run_pstrain(["launch", "--config", str(config), "--run-dir", str(tmp_path / "run")], timeout=60)
+    assert_one_line_error(result, f"--config: {config} is not valid TOML")
+    assert not (tmp_path / "run").exists(), "nothing is created for a bad config"
+    assert not result.seen_pids
+
+
+def test_unknown_field_suggests_the_right_one(tmp_path):
+    config = tmp_path / "typo.toml"
+    config.write_text("[cluster]\nworkres = 2\n")
+    result = run_pstrain(["launch", "--config", str(config)], timeout=60)
+    assert_one_line_error(result, "[cluster] workres: unknown field; did you mean 'workers'?")
+
+
+def test_more_replicas_to_aggregate_than_computed(tmp_path):
+    args = ["launch", "--replicas-to-aggregate", "3", "--total-num-replicas", "2", "--run-dir", str(tmp_path / "r")]
+    assert_one_line_error(run_pstrain(args, timeout=60), "train.replicas_to_aggregate: 3 is larger")
+
+
+def test_job_module_that_does_not_exist(tmp_path):
+    result = run_pstrain(["launch", "--job", "no_such_pkg.job", "--run-dir", str(tmp_path / "r")], timeout=60)
+    assert_one_line_error(result, "train.job: module 'no_such_pkg.job' not found")
+    assert not result.seen_pids, "no task is started for a job that cannot be found"
+
+
+def test_port_already_in_use(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "c.toml"
+        config.write_text(f'[cluster]\nps = ["127.0.0.1:{port}"]\n')
+        result = run_pstrain(["launch", "--config", str(config), "--run-dir", str(tmp_path / "r")], timeout=60)
+    assert_one_line_error(result, f"cluster.ps[0]: cannot listen on 127.0.0.1:{port}")
+    assert not result.seen_pids
+
+
+@pytest.mark.parametrize(
+    "tf_config, message",
+    [
+        ("{not json", "TF_CONFIG is invalid"),
+        (json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}), "missing from"),
+    ],
+)
+def test_server_with_invalid_tf_config(tf_config, message):
+    env = {**os.environ, "TF_CONFIG": tf_config}
+    result = subprocess.run(PSTRAIN + ["server"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "job, code, message",
+    [
+        ("tests.jobs.broken:NoModel", 2, "--job tests.jobs.broken:NoModel: missing model_fn"),
+        ("tests.jobs.broken:Raises", 1, "ValueError: layer sizes must be positive"),
+        ("tests.jobs.broken:Diverges", 1, "step 0: loss is nan"),
+    ],
+)
+def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message):
+    result = run_pstrain(["launch", "--job", job, "--steps", "5", "--run-dir", str(tmp_path / "r")], timeout=180)
+    assert_one_line_error(result, message, code=code)
+    assert len(result.seen_pids) >= 4, "the cluster was started"
+    assert_no_orphans(result)
+
+
+def test_standalone_reports_the_same_errors(tmp_path):
+    args = ["train", "--standalone", "--job", "tests.jobs.broken:Diverges", "--run-dir", str(tmp_path / "r")]
+    assert_one_line_error(run_pstrain(args, timeout=120), "step 0: loss is nan", code=1)

@@ -1,0 +1,89 @@
+"""Config parsing, validation errors and TF_CONFIG/env generation (pure logic)."""
+
+import json
+
+import pytest
+
+from cluster.config import ConfigError, resolve
+from cluster.plan import plan_servers, plan_task, tf_config
+from cluster.rundir import check_compatible
+
+
+def test_defaults_one_chief_one_ps_two_workers():
+    config = resolve({})
+    assert len(config.cluster.ps) == 1 and len(config.cluster.workers) == 2
+    assert config.cluster.chief == "127.0.0.1:0"
+    assert config.train.replicas_to_aggregate == 2 and config.train.total_num_replicas == 2
+    assert config.train.slot_batch_size == 32
+
+
+def test_auto_gpus_follow_the_machine():
+    assert resolve({}, gpu_count=2).cluster.worker_gpus == (0, 1)
+    assert resolve({}, gpu_count=1).cluster.worker_gpus == (0, None)
+    assert resolve({}, gpu_count=0).cluster.worker_gpus == (None, None)
+
+
+def test_flags_override_file():
+    raw = {"cluster": {"workers": 4}, "train": {"steps": 10, "seed": 3}}
+    config = resolve(raw, {"workers": 3, "steps": 20, "seed": None, "global_batch_size": 60})
+    assert len(config.cluster.workers) == 3
+    assert config.train.steps == 20 and config.train.seed == 3
+    assert config.train.replicas_to_aggregate == 3
+
+
+def test_explicit_addresses_and_gpus():
+    raw = {
+        "cluster": {
+            "chief": "10.0.0.1:2220",
+            "ps": ["10.0.0.1:2221"],
+            "workers": ["10.0.0.1:2222", "10.0.0.2:2222"],
+            "worker_gpus": [0, -1],
+        }
+    }
+    cluster = resolve(raw).cluster
+    assert cluster.workers == ("10.0.0.1:2222", "10.0.0.2:2222")
+    assert cluster.worker_gpus == (0, None)
+
+
+@pytest.mark.parametrize(
+    "raw, overrides, field",
+    [
+        ({"train": {"stepz": 3}}, {}, "[train] stepz: unknown field; did you mean 'steps'?"),
+        ({"trian": {}}, {}, "[trian]: unknown section; did you mean [train]?"),
+        ({"train": {"steps": "ten"}}, {}, "train.steps: expected an integer"),
+        ({"train": {"steps": 0}}, {}, "train.steps: must be >= 1"),
+        ({}, {"replicas_to_aggregate": 3, "total_num_replicas": 2}, "train.replicas_to_aggregate: 3 is larger"),
+        ({}, {"global_batch_size": 63}, "train.global_batch_size: 63 does not split evenly"),
+        ({"cluster": {"ps": ["127.0.0.1:5000"], "workers": ["127.0.0.1:5000"]}}, {}, "cluster.workers[0]: address"),
+        ({"cluster": {"workers": ["nohost"]}}, {}, "cluster.workers[0]: expected 'host:port'"),
+        ({"cluster": {"worker_gpus": [0, 7]}}, {}, "cluster.worker_gpus[1]: GPU 7 does not exist"),
+        ({"cluster": {"worker_gpus": [0]}}, {}, "cluster.worker_gpus: expected"),
+        ({"cluster": {"workers": 0}}, {}, "cluster.workers: must be >= 1"),
+    ],
+)
+def test_invalid_fields_name_the_field(raw, overrides, field):
+    with pytest.raises(ConfigError) as error:
+        resolve(raw, overrides, gpu_count=2)
+    message = str(error.value)
+    assert message.startswith(field), message
+    assert "\n" not in message
+
+
+def test_tf_config_and_env_per_task():
+    raw = {"cluster": {"chief": "h:1", "ps": ["h:2"], "workers": ["h:3", "h:4"], "worker_gpus": [1, 0]}}
+    cluster = resolve(raw, gpu_count=2).cluster
+    spec = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
+    assert json.loads(tf_config(cluster, "worker", 1)) == {"cluster": spec, "task": {"type": "worker", "index": 1}}
+    servers = plan_servers(cluster)
+    assert [p.name for p in servers] == ["ps-0", "worker-0", "worker-1"]
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in servers] == ["", "1", "0"]
+    chief = plan_task(cluster, "chief", 0)
+    assert chief.env["CUDA_VISIBLE_DEVICES"] == "" and chief.address == "h:1"
+    assert all(p.env["GRPC_FAIL_FAST"] == "use_caller" for p in servers + [chief])
+
+
+def test_run_dir_written_by_other_settings_is_refused():
+    config = resolve({}, {"run_dir": "runs/x"})
+    check_compatible({"train": {"seed": 0, "global_batch_size": 64}}, config.train)
+    with pytest.raises(ConfigError, match="--run-dir: runs/x was written with seed=1"):
+        check_compatible({"train": {"seed": 1}}, config.train)

@@ -1,0 +1,120 @@
+"""A real local cluster (chief, ps, workers as processes on loopback) against the standalone reference."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chief.jobs import digits
+from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
+
+STEPS = 300  # the default job's default: enough for >= 95 % held-out accuracy
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory) -> tuple[Path, object]:
+    run_dir = tmp_path_factory.mktemp("cluster") / "run"
+    result = run_pstrain(["launch", "--run-dir", str(run_dir), "--steps", str(STEPS)])
+    return run_dir, result
+
+
+@pytest.fixture(scope="module")
+def standalone_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("standalone") / "run"
+    result = run_pstrain(["train", "--standalone", "--run-dir", str(run_dir), "--steps", str(STEPS)])
+    assert result.returncode == 0, result.output
+    return run_dir
+
+
+def test_local_cluster_trains_default_job_synchronously(cluster_run):
+    run_dir, result = cluster_run
+    assert result.returncode == 0, result.output
+    steps, done = metrics(run_dir)
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert all(s["aggregated"] == 2 and s["stale_dropped"] == 0 for s in steps)
+    contributed = {w for s in steps for w in s["workers"]}
+    assert contributed == {0, 1}, "both workers must contribute gradients over the run"
+    assert done["steps"] == STEPS and done["eval_accuracy"] >= 0.95
+    assert "step 300/300" in result.output and "pstrain: done" in result.output
+    # Every process the launcher started is gone.
+    assert len(result.seen_pids) >= 4, "expected ps, two workers and the chief"
+    assert_no_orphans(result, within_s=0)
+
+
+def test_run_dir_layout_and_logs(cluster_run):
+    run_dir, _ = cluster_run
+    record = json.loads((run_dir / "cluster.json").read_text())
+    assert len(record["cluster"]["worker"]) == 2 and len(record["cluster"]["ps"]) == 1
+    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == [
+        "chief-0.log",
+        "ps-0.log",
+        "worker-0.log",
+        "worker-1.log",
+    ]
+    worker_log = (run_dir / "logs" / "worker-0.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=" in worker_log and "devices [" in worker_log
+    assert "step 300/300" in (run_dir / "logs" / "chief-0.log").read_text()
+    assert (run_dir / "checkpoints" / "checkpoint").exists()
+
+
+def test_two_worker_sync_run_equals_standalone_run(cluster_run, standalone_run):
+    """The proof of synchrony: same job, seed, steps and global batch -> the same model."""
+    run_dir, result = cluster_run
+    assert result.returncode == 0, result.output
+    features, _ = digits.eval_data()
+    cluster_pred = predictions(run_dir, features)
+    standalone_pred = predictions(standalone_run, features)
+    np.testing.assert_allclose(cluster_pred, standalone_pred, atol=1e-4, rtol=0)
+    cluster_losses = [s["loss"] for s in metrics(run_dir)[0]]
+    standalone_losses = [s["loss"] for s in metrics(standalone_run)[0]]
+    np.testing.assert_allclose(cluster_losses, standalone_losses, atol=1e-4, rtol=0)
+
+
+def test_backup_workers_aggregate_exactly_the_required_number(tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 30
+    args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--workers", "3"]
+    args += ["--replicas-to-aggregate", "2", "--total-num-replicas", "3", "--global-batch-size", "64"]
+    result = run_pstrain(args)
+    assert result.returncode == 0, result.output
+    records, done = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps))
+    assert all(r["aggregated"] == 2 and len(r["workers"]) >= 1 for r in records)
+    # One surplus gradient per step, each counted as dropped once it arrived (never applied).
+    assert done["stale_dropped_total"] == steps
+    assert sum(r["stale_dropped"] for r in records) <= steps
+    assert_no_orphans(result)
+
+
+def test_interrupted_run_resumes_to_the_same_model(tmp_path):
+    steps = 120
+    run_dir = tmp_path / "run"
+    args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "20"]
+    metrics_file = run_dir / "metrics.jsonl"
+
+    def past_first_checkpoint() -> bool:
+        return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 25
+
+    first = run_pstrain(args, signal_when=past_first_checkpoint, send=signal.SIGINT)
+    assert first.returncode == 128 + signal.SIGINT, first.output
+    assert "checkpoint saved" in first.output
+    assert_no_orphans(first, within_s=10)
+    stopped_at = len(metrics(run_dir)[0])
+    assert 25 <= stopped_at < steps
+
+    second = run_pstrain(args)
+    assert second.returncode == 0, second.output
+    assert f"steps {stopped_at}..{steps}" in second.output
+    records, done = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps))
+
+    reference = tmp_path / "reference"
+    uninterrupted = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", str(steps)])
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    features, _ = digits.eval_data()
+    np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
+    assert_no_orphans(second)
