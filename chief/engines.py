@@ -166,7 +166,9 @@ class ClusterEngine:
         step_t = tf.constant(step, tf.int64)
         pending: dict[futures.Future, int] = {}
         for slot in range(t.total_num_replicas):
-            indices = slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas)
+            # A tensor made here, not a NumPy array: converting inside the closure would copy it to the
+            # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
+            indices = tf.constant(slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()

@@ -16,6 +16,7 @@ from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import checked_arrays, load_job
 from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
+from cluster.agent import Report, agent_from_env
 from cluster.config import TrainConfig
 
 log = logging.getLogger("pstrain.chief")
@@ -26,7 +27,7 @@ class TrainingError(RuntimeError):
 
 
 class StopRequested:
-    """SIGTERM/SIGINT ask for a checkpoint at the next step boundary, then a clean exit."""
+    """SIGTERM/SIGINT (or the control plane) ask for a checkpoint at the next step, then a clean exit."""
 
     def __init__(self):
         self.signal: int | None = None
@@ -35,6 +36,24 @@ class StopRequested:
 
     def _handle(self, signum, _frame):
         self.signal = signum
+
+
+def start_agent(stop: StopRequested):
+    """Register the chief with the control plane (when the launcher runs one) and heartbeat."""
+    import json
+
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    agent = agent_from_env("chief", 0, cluster.get("chief", [""])[0])
+    if agent is None:
+        return None
+    agent.register(devices=[], deadline_s=30)
+
+    def on_stop(reason: str) -> None:
+        log.info("stopping: %s", reason)
+        stop.signal = signal.SIGTERM
+
+    agent.start(on_stop)
+    return agent
 
 
 def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
@@ -49,6 +68,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     from chief.engines import ClusterEngine, LocalEngine
 
     engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
+    agent = None if standalone else start_agent(stop)
     state = engine.state
     manager = tf.train.CheckpointManager(state.checkpoint(), str(run_dir / "checkpoints"), max_to_keep=3)
     if manager.latest_checkpoint:
@@ -70,6 +90,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     )
     t_run = time.monotonic()
     stale_total = 0
+    gradients_by_worker: dict[int, int] = {}
     for step in range(start, train.steps):
         t0 = time.monotonic()
         result = engine.step(step)
@@ -93,6 +114,10 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             }
         )
         progress.update(step, result.loss, train.global_batch_size / max(seconds, 1e-9), result.aggregated)
+        for worker in result.workers:
+            gradients_by_worker[worker] = gradients_by_worker.get(worker, 0) + 1
+        if agent:
+            agent.report = Report("training", step + 1, dict(gradients_by_worker))
         done = step + 1
         if train.checkpoint_every and done % train.checkpoint_every == 0 and done < train.steps:
             manager.save(checkpoint_number=done)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no fork() notes from the launcher
+
 from cluster import __version__
-from cluster.config import Config, ConfigError, load_toml, resolve, with_train
+from cluster.config import Config, ConfigError, load_toml, parse_address, resolve, with_train
 from cluster.rundir import default_run_dir
+from cluster.security import Credentials, load_token
 
 TRAIN_FLAGS = (
     ("--job", str, "job module: package.module or package.module:attr"),
@@ -43,7 +47,75 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(train)
     train.add_argument("--standalone", action="store_true", help="one process, no cluster (the reference)")
     sub.add_parser("server", help="serve as the worker or ps task that TF_CONFIG names")
+    node = sub.add_parser("node", help="run this machine's tasks of a cluster whose chief runs elsewhere")
+    node.add_argument("--config", help="the shared cluster config; this machine runs the tasks on its addresses")
+    node.add_argument("--chief", help="HOST:PORT of the chief's control plane; ask it for this machine's tasks")
+    node.add_argument("--log-dir", default="", help="task logs (default runs/node-<timestamp>/logs)")
+    node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
+    add_control_flags(node)
+    for name, text in (
+        ("status", "show the cluster: tasks, heartbeats, step, gradients"),
+        ("stop", "checkpoint and stop the cluster"),
+    ):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("--chief", required=True, help="HOST:PORT of the chief's control plane")
+        add_control_flags(command)
+        if name == "status":
+            command.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
+
+
+def add_control_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token-file", default="", help="the control-plane token (else $PSTRAIN_TOKEN)")
+    parser.add_argument("--tls-ca", default="", help="PEM CA certificate when the control plane uses TLS")
+
+
+def control_credentials(args: argparse.Namespace, cluster=None) -> Credentials:
+    token_file = args.token_file or (cluster.token_file if cluster else "")
+    tls_ca = args.tls_ca or (cluster.tls_ca or cluster.tls_cert if cluster else "")
+    return Credentials(load_token(token_file), tls_ca=tls_ca)
+
+
+def control_call(args: argparse.Namespace) -> int:
+    """`pstrain status` / `pstrain stop` against a running chief."""
+    import json
+
+    import grpc
+
+    from cluster.control_plane import RPC_TIMEOUT_S, status_dict, stub
+    from cluster.proto import control_pb2 as pb
+    from cluster.status_table import format_status
+
+    parse_address("--chief", args.chief)
+    control = stub(args.chief, control_credentials(args))
+    try:
+        if args.command == "stop":
+            control.Stop(pb.StopRequest(reason="pstrain stop"), timeout=RPC_TIMEOUT_S)
+            print(f"pstrain: stop requested; the chief at {args.chief} checkpoints and stops the cluster")
+            return 0
+        status = status_dict(control.Status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S))
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise ConfigError(f"--token-file: the chief at {args.chief} refused the token; use the cluster's token") from None
+        raise ConfigError(
+            f"--chief: no control plane answers at {args.chief} ({e.code().name}); is the cluster running?"
+        ) from None
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return 0
+
+
+def run_node_command(args: argparse.Namespace) -> int:
+    import time
+
+    from cluster.node import node_cluster, run_node
+
+    if bool(args.config) == bool(args.chief):
+        raise ConfigError("pstrain node: give exactly one of --config FILE or --chief HOST:PORT")
+    config_cluster = resolve(load_toml(args.config)).cluster if args.config else None
+    creds = control_credentials(args, config_cluster)
+    cluster, tasks = node_cluster(config_cluster, args.chief, creds, args.timeout)
+    log_dir = Path(args.log_dir or f"runs/node-{time.strftime('%Y%m%d-%H%M%S')}/logs")
+    return run_node(cluster, tasks, creds, log_dir)
 
 
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
@@ -77,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve()
     try:
+        if args.command in ("status", "stop"):
+            return control_call(args)
+        if args.command == "node":
+            return run_node_command(args)
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)
@@ -90,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_standalone(config: Config) -> int:
-    import os
-
     from cluster import rundir
 
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

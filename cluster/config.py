@@ -32,6 +32,13 @@ class ClusterConfig:
     worker_gpus: tuple[int | None, ...] = (None, None)
     chief_gpus: str = ""  # CUDA_VISIBLE_DEVICES for the chief; empty = no GPU
     ps_gpus: str = ""  # CUDA_VISIBLE_DEVICES for every ps task; empty = no GPU
+    control: str = f"{DEFAULT_HOST}:0"  # the control plane (served by the chief's launcher)
+    heartbeat_interval: float = 2.0
+    heartbeat_timeout: float = 10.0  # a task silent this long is "lost"; a node without its chief stops
+    token_file: str = ""  # shared control-plane token; else $PSTRAIN_TOKEN; else a fresh one (one machine)
+    tls_cert: str = ""  # PEM certificate and key: the control plane speaks TLS
+    tls_key: str = ""
+    tls_ca: str = ""  # the CA that clients trust (default: tls_cert, for a self-signed certificate)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,22 @@ class Config:
     train: TrainConfig
 
 
-CLUSTER_FIELDS = ("host", "chief", "ps", "workers", "worker_gpus", "chief_gpus", "ps_gpus")
+CLUSTER_FIELDS = (
+    "host",
+    "chief",
+    "ps",
+    "workers",
+    "worker_gpus",
+    "chief_gpus",
+    "ps_gpus",
+    "control",
+    "heartbeat_interval",
+    "heartbeat_timeout",
+    "token_file",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+)
 TRAIN_FIELDS = tuple(f.name for f in fields(TrainConfig))
 SECTIONS = {"cluster": CLUSTER_FIELDS, "train": TRAIN_FIELDS}
 
@@ -178,6 +200,18 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
     for name in ("chief_gpus", "ps_gpus"):
         if not isinstance(raw.get(name, ""), str):
             raise ConfigError(f'cluster.{name}: expected a CUDA_VISIBLE_DEVICES string such as "0" or ""')
+    for name in ("token_file", "tls_cert", "tls_key", "tls_ca"):
+        if not isinstance(raw.get(name, ""), str):
+            raise ConfigError(f"cluster.{name}: expected a file path")
+    chief_host = parse_address("cluster.chief", chief)[0]
+    control = raw.get("control", format_address(chief_host, 0))
+    parse_address("cluster.control", control)
+    interval = _seconds("cluster.heartbeat_interval", raw.get("heartbeat_interval", 2.0))
+    timeout = _seconds("cluster.heartbeat_timeout", raw.get("heartbeat_timeout", 10.0))
+    if timeout <= interval:
+        raise ConfigError(
+            f"cluster.heartbeat_timeout: {timeout:g}s must exceed heartbeat_interval ({interval:g}s); use several intervals"
+        )
     cluster = ClusterConfig(
         chief=chief,
         ps=ps,
@@ -185,6 +219,13 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         worker_gpus=gpus,
         chief_gpus=raw.get("chief_gpus", ""),
         ps_gpus=raw.get("ps_gpus", ""),
+        control=control,
+        heartbeat_interval=interval,
+        heartbeat_timeout=timeout,
+        token_file=raw.get("token_file", ""),
+        tls_cert=raw.get("tls_cert", ""),
+        tls_key=raw.get("tls_key", ""),
+        tls_ca=raw.get("tls_ca", ""),
     )
     check_unique_addresses(cluster)
     return cluster
@@ -202,9 +243,15 @@ def check_unique_addresses(cluster: ClusterConfig) -> None:
         seen[key] = name
 
 
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name}: expected seconds > 0, got {value!r}")
+    return float(value)
+
+
 def task_addresses(cluster: ClusterConfig) -> list[tuple[str, str]]:
-    """(config field name, address) of every task, chief first."""
-    named = [("cluster.chief", cluster.chief)]
+    """(config field name, address) of every task and the control plane, chief first."""
+    named = [("cluster.chief", cluster.chief), ("cluster.control", cluster.control)]
     named += [(f"cluster.ps[{i}]", a) for i, a in enumerate(cluster.ps)]
     named += [(f"cluster.workers[{i}]", a) for i, a in enumerate(cluster.workers)]
     return named
@@ -234,9 +281,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
     run_dir = raw.get("run_dir", "")
     if not isinstance(run_dir, str):
         raise ConfigError(f"train.run_dir: expected a path, got {run_dir!r}")
-    timeout = raw.get("startup_timeout", defaults.startup_timeout)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigError(f"train.startup_timeout: expected seconds > 0, got {timeout!r}")
+    timeout = _seconds("train.startup_timeout", raw.get("startup_timeout", defaults.startup_timeout))
     return TrainConfig(
         job=job.strip(),
         steps=steps,
@@ -250,8 +295,13 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
     )
 
 
-def is_local_host(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def is_local_host(host: str, local_addresses: frozenset[str] = frozenset()) -> bool:
+    """Loopback, or one of this machine's own addresses/names (passed in: this module does no I/O)."""
+    return is_loopback(host) or host in local_addresses
 
 
 def with_train(config: Config, **changes: Any) -> Config:

@@ -1,86 +1,179 @@
-"""`pstrain launch`: start ps and worker servers, wait for them, run the chief, reap everything."""
+"""`pstrain launch`: serve the control plane, start this machine's ps and worker servers, wait for
+every task of the cluster to register, run the chief, and reap everything."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 from cluster import rundir
-from cluster.config import Config
-from cluster.plan import plan_servers, plan_task
-from cluster.ports import assign_ports, wait_listening
+from cluster.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
+from cluster.config import ClusterConfig, Config, is_local_host, parse_address
+from cluster.control_plane import ControlPlane, serve
+from cluster.hosts import local_addresses
+from cluster.plan import cluster_spec, plan_servers, plan_task
+from cluster.ports import assign_ports
+from cluster.registry import Registry
+from cluster.security import Credentials, load_token
 from cluster.supervisor import Child, Supervisor, exit_code, python_module
+from cluster.versions import local_versions
 
-CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after SIGTERM before it is killed
+CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
+
+
+def credentials(cluster: ClusterConfig, generate: bool) -> Credentials:
+    return Credentials(load_token(cluster.token_file, generate=generate), cluster.tls_cert, cluster.tls_key, cluster.tls_ca)
+
+
+def control_env(cluster: ClusterConfig, creds: Credentials) -> dict[str, str]:
+    """What a task needs to find and authenticate to the control plane."""
+    return {
+        CONTROL_ENV: cluster.control,
+        INTERVAL_ENV: str(cluster.heartbeat_interval),
+        TIMEOUT_ENV: str(cluster.heartbeat_timeout),
+        **creds.env(),
+    }
+
+
+def expected_tasks(cluster: ClusterConfig) -> dict[tuple[str, int], str]:
+    spec = cluster_spec(cluster)
+    return {(kind, i): address for kind, addresses in spec.items() for i, address in enumerate(addresses)}
+
+
+def assignment_for(cluster: ClusterConfig, registry: Registry):
+    """The Assignment RPC: unregistered tasks whose host is one of the asker's addresses."""
+
+    def assign(host_addresses: list[str]):
+        hosts = set(host_addresses)
+        tasks = []
+        for (kind, index), address in expected_tasks(cluster).items():
+            if kind != "chief" and parse_address("task", address)[0] in hosts and (kind, index) not in registry.tasks:
+                gpu = cluster.worker_gpus[index] if kind == "worker" else None
+                tasks.append((kind, index, -1 if gpu is None else gpu))
+        return cluster_spec(cluster), tasks
+
+    return assign
 
 
 def describe_not_ready(child: Child) -> str:
     code = child.process.poll()
-    state = "not listening" if code is None else f"exited with code {exit_code(code)}"
+    state = "not registered" if code is None else f"exited with code {exit_code(code)}"
     return f"{child.name} at {child.plan.address} ({state}; see {child.log_path})"
 
 
 def launch(config: Config) -> int:
-    """Run a whole cluster on this machine; returns the chief's exit code."""
+    """Run the chief's side of a cluster; returns the chief's exit code."""
     train = config.train
-    cluster = assign_ports(config.cluster)
+    local = local_addresses()
+    cluster = assign_ports(config.cluster, local)
+    creds = credentials(cluster, generate=True)
     run_dir = Path(train.run_dir)
     rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
+    token_hint = cluster.token_file
+    if not cluster.token_file and "PSTRAIN_TOKEN" not in os.environ:
+        token_hint = str(run_dir / "control.token")
+        rundir.write_secret(Path(token_hint), creds.token)
+
     supervisor = Supervisor(run_dir / "logs")
     stop_signal: list[int] = []
+    registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
+
+    def on_stop(reason: str) -> None:
+        print(f"pstrain: stopping: {reason}", file=sys.stderr, flush=True)
+        registry.request_stop()
+        stop_signal.append(signal.SIGTERM)
 
     def on_signal(signum, _frame):
         stop_signal.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    say = print
+    server = None
     try:
-        servers = [supervisor.start(plan, python_module("worker")) for plan in plan_servers(cluster)]
-        say(f"pstrain: {len(cluster.ps)} ps + {len(cluster.workers)} workers starting; logs in {run_dir / 'logs'}", flush=True)
-
-        def dead_server() -> str | None:
-            if stop_signal:
-                return "stop requested"
-            child = supervisor.first_dead()
-            return child.name if child else None
-
-        missing = wait_listening({c.name: c.plan.address for c in servers}, train.startup_timeout, dead_server)
+        servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
+        server, _ = serve(servicer, cluster.control, creds)
+        print(
+            f"pstrain: control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
+            + (f" --token-file {token_hint}" if token_hint else ""),
+            flush=True,
+        )
+        env = control_env(cluster, creds)
+        here = [p for p in plan_servers(cluster) if is_local_host(parse_address("task", p.address)[0], local)]
+        servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
+        remote = len(cluster.ps) + len(cluster.workers) - len(here)
+        print(
+            f"pstrain: {len(here)} local tasks starting"
+            + (f", waiting for {remote} on other machines" if remote else "")
+            + f"; logs in {run_dir / 'logs'}",
+            flush=True,
+        )
+        failure = wait_registered(registry, supervisor, servers, train.startup_timeout, stop_signal)
         if stop_signal:
             return 128 + stop_signal[0]
-        if missing:
-            details = ", ".join(describe_not_ready(c) for c in servers if c.name in missing)
-            print(f"pstrain: error: tasks not ready after {train.startup_timeout:g}s: {details}", file=sys.stderr)
+        if failure:
+            print(f"pstrain: error: {failure}", file=sys.stderr)
             return 1
-        chief_env = {"PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0"}
         chief = supervisor.start(
             plan_task(cluster, "chief", 0),
             python_module("chief", "--run-dir", str(run_dir)),
             echo=sys.stdout.buffer,
-            extra_env=chief_env,
+            extra_env={**env, "PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0"},
         )
-        reported: set[str] = set()
-        forwarded = False
-        while chief.process.poll() is None:
-            if stop_signal and not forwarded:
-                chief.process.send_signal(stop_signal[0])  # checkpoint at the next step, then exit
-                forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
-            if forwarded and time.monotonic() > deadline:
-                chief.process.kill()
-            dead = supervisor.first_dead(exclude=chief)
-            if dead and dead.name not in reported:
-                reported.add(dead.name)
-                print(
-                    f"pstrain: {dead.name} exited with code {exit_code(dead.process.returncode)} (see {dead.log_path})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            time.sleep(0.1)
-        supervisor.stop(chief, grace_s=0)
-        code = exit_code(chief.process.returncode)
+        code = supervise_chief(supervisor, chief, stop_signal)
         return 128 + stop_signal[0] if stop_signal and code else code
     finally:
+        registry.shutdown()
         supervisor.stop_all()
+        if server is not None:
+            linger_for_remote_nodes(registry, cluster, local)
+            server.stop(grace=1)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def wait_registered(registry: Registry, supervisor: Supervisor, servers: list[Child], timeout: float, stop_signal) -> str:
+    """Wait until every ps and worker registered; returns an error message, or "" on success."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stop_signal:
+        missing = [(name, address) for name, address in registry.missing() if not name.startswith("chief")]
+        if not missing:
+            return ""
+        dead = supervisor.first_dead()
+        if dead:
+            return f"task not ready: {describe_not_ready(dead)}"
+        time.sleep(0.2)
+    if stop_signal:
+        return ""
+    missing = [(name, address) for name, address in registry.missing() if not name.startswith("chief")]
+    local = {c.plan.name.replace("-", ":"): c for c in servers}
+    details = ", ".join(describe_not_ready(local[n]) if n in local else f"{n} expected at {a}" for n, a in missing)
+    return f"tasks not registered after {timeout:g}s: {details}"
+
+
+def supervise_chief(supervisor: Supervisor, chief: Child, stop_signal: list[int]) -> int:
+    reported: set[str] = set()
+    forwarded = False
+    deadline = 0.0
+    while chief.process.poll() is None:
+        if stop_signal and not forwarded:
+            chief.process.send_signal(stop_signal[0])  # checkpoint at the next step, then exit
+            forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
+        if forwarded and time.monotonic() > deadline:
+            chief.process.kill()
+        dead = supervisor.first_dead(exclude=chief)
+        if dead and dead.name not in reported:
+            reported.add(dead.name)
+            code = exit_code(dead.process.returncode)
+            print(f"pstrain: {dead.name} exited with code {code} (see {dead.log_path})", file=sys.stderr, flush=True)
+        time.sleep(0.1)
+    supervisor.stop(chief, grace_s=0)
+    return exit_code(chief.process.returncode)
+
+
+def linger_for_remote_nodes(registry: Registry, cluster: ClusterConfig, local: frozenset[str]) -> None:
+    """Keep answering heartbeats briefly so tasks on other machines hear "stop" and exit."""
+    hosts = [parse_address("task", record.address)[0] for record in registry.tasks.values()]
+    if any(not is_local_host(host, local) for host in hosts):
+        time.sleep(min(2 * cluster.heartbeat_interval + 0.5, 10.0))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from cluster.config import (
@@ -36,28 +34,33 @@ def check_port_free(name: str, host: str, port: int) -> None:
             ) from None
 
 
-def assign_ports(cluster: ClusterConfig, only_local: bool = True) -> ClusterConfig:
-    """Replace every port 0 with a free port; check that fixed local ports are free."""
+def assign_ports(cluster: ClusterConfig, local: frozenset[str] = frozenset()) -> ClusterConfig:
+    """Replace every port 0 with a free port; check that fixed ports of this machine's tasks are free.
+
+    Tasks on other machines keep their ports; port 0 there is an error (we cannot pick for them).
+    """
     used: set[int] = set()
 
-    def resolve(name: str, address: str, check: bool) -> str:
+    def resolve(name: str, address: str) -> str:
         host, port = parse_address(name, address)
+        here = is_local_host(host, local)
         if port == 0:
-            if not is_local_host(host):
+            if not here:
                 raise ConfigError(f"{name}: port 0 (pick a free port) works only on this machine; give {host} a port")
             port = free_port(host)
             while port in used:
                 port = free_port(host)
-        elif check and is_local_host(host):
+        elif here:
             check_port_free(name, host, port)
         used.add(port)
         return format_address(host, port)
 
     return replace(
         cluster,
-        chief=resolve("cluster.chief", cluster.chief, only_local),
-        ps=tuple(resolve(f"cluster.ps[{i}]", a, only_local) for i, a in enumerate(cluster.ps)),
-        workers=tuple(resolve(f"cluster.workers[{i}]", a, only_local) for i, a in enumerate(cluster.workers)),
+        chief=resolve("cluster.chief", cluster.chief),
+        control=resolve("cluster.control", cluster.control),
+        ps=tuple(resolve(f"cluster.ps[{i}]", a) for i, a in enumerate(cluster.ps)),
+        workers=tuple(resolve(f"cluster.workers[{i}]", a) for i, a in enumerate(cluster.workers)),
     )
 
 
@@ -68,23 +71,3 @@ def accepts_connections(address: str, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_listening(addresses: dict[str, str], deadline_s: float, still_alive: Callable[[], str | None]) -> list[str]:
-    """Poll until every address accepts TCP connections or the deadline passes.
-
-    `still_alive` returns the name of a task that died, if any, so a crashed server fails fast.
-    Returns the names of the tasks still not listening (empty on success).
-    """
-    pending = dict(addresses)
-    end = time.monotonic() + deadline_s
-    while pending and time.monotonic() < end:
-        dead = still_alive()
-        if dead:
-            return [dead]
-        for name, address in list(pending.items()):
-            if accepts_connections(address):
-                del pending[name]
-        if pending:
-            time.sleep(0.2)
-    return sorted(pending)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import asdict
@@ -29,6 +30,7 @@ def describe(mode: str, train: TrainConfig, cluster: ClusterConfig | None) -> di
         "python": platform.python_version(),
         "mode": mode,
         "cluster": cluster_spec(cluster) if cluster else None,
+        "control": cluster.control if cluster else None,
         "worker_gpus": list(cluster.worker_gpus) if cluster else None,
         "train": asdict(train),
     }
@@ -59,6 +61,14 @@ def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """A file only its owner can read (the generated control-plane token)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
 
 
 def load_train(run_dir: Path) -> TrainConfig:

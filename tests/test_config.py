@@ -31,6 +31,13 @@ def test_flags_override_file():
     assert config.train.replicas_to_aggregate == 3
 
 
+def test_control_plane_settings():
+    raw = {"cluster": {"chief": "10.0.0.1:2220", "heartbeat_interval": 0.5, "heartbeat_timeout": 2}}
+    cluster = resolve(raw).cluster
+    assert cluster.control == "10.0.0.1:0"  # on the chief's host by default
+    assert (cluster.heartbeat_interval, cluster.heartbeat_timeout) == (0.5, 2.0)
+
+
 def test_explicit_addresses_and_gpus():
     raw = {
         "cluster": {
@@ -59,6 +66,8 @@ def test_explicit_addresses_and_gpus():
         ({"cluster": {"worker_gpus": [0, 7]}}, {}, "cluster.worker_gpus[1]: GPU 7 does not exist"),
         ({"cluster": {"worker_gpus": [0]}}, {}, "cluster.worker_gpus: expected"),
         ({"cluster": {"workers": 0}}, {}, "cluster.workers: must be >= 1"),
+        ({"cluster": {"heartbeat_timeout": 1.0}}, {}, "cluster.heartbeat_timeout: 1s must exceed"),
+        ({"cluster": {"control": "127.0.0.1:7000", "chief": "127.0.0.1:7000"}}, {}, "cluster.control: address"),
     ],
 )
 def test_invalid_fields_name_the_field(raw, overrides, field):

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from cluster.agent import Refused, agent_from_env
+
 log = logging.getLogger("pstrain.server")
 
 
@@ -31,6 +33,13 @@ def task_from_env() -> tuple[dict, str, int]:
     return cluster, task_type, index
 
 
+def gpu_memory_fn(tf):
+    """Bytes of GPU memory TensorFlow holds in this process (0 without a visible GPU)."""
+    if not tf.config.list_physical_devices("GPU"):
+        return lambda: 0
+    return lambda: int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+
+
 def serve() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     cluster, task_type, index = task_from_env()
@@ -51,6 +60,19 @@ def serve() -> int:
         tf.train.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", start=True
     )
     log.info("%s:%d serving at %s", task_type, index, server.target)
+    agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
+    if agent:
+        try:
+            agent.register(devices, deadline_s=float(os.environ.get("PSTRAIN_REGISTER_TIMEOUT", "60")))
+        except (Refused, TimeoutError) as e:
+            print(f"pstrain: error: {task_type}:{index}: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
+
+        def stop(reason: str) -> None:
+            log.info("%s:%d: %s", task_type, index, reason)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        agent.start(on_stop=stop)
     received = signal.sigwait({signal.SIGTERM, signal.SIGINT})
     log.info("%s:%d stopping on %s", task_type, index, signal.Signals(received).name)
     sys.stdout.flush()

@@ -1,0 +1,150 @@
+"""The thin agent inside every task: register with the chief's control plane, then heartbeat.
+
+It stops its task when the control plane says so, or when the control plane has been unreachable
+for longer than the heartbeat timeout (a node whose chief disappeared does not linger).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import psutil
+
+from cluster.control_plane import RPC_TIMEOUT_S, stub
+from cluster.proto import control_pb2 as pb
+from cluster.security import TOKEN_ENV, Credentials
+from cluster.versions import local_versions
+
+log = logging.getLogger("pstrain.agent")
+
+CONTROL_ENV = "PSTRAIN_CONTROL"
+INTERVAL_ENV = "PSTRAIN_HEARTBEAT_INTERVAL"
+TIMEOUT_ENV = "PSTRAIN_HEARTBEAT_TIMEOUT"
+
+
+class Refused(RuntimeError):
+    """The chief refused this task; the message says why."""
+
+
+@dataclass
+class Report:
+    """What a heartbeat carries beyond resources (the chief fills step and gradients)."""
+
+    state: str = "serving"
+    step: int = 0
+    gradients_by_worker: dict[int, int] | None = None
+
+
+class Agent:
+    def __init__(
+        self,
+        control: str,
+        creds: Credentials,
+        task_type: str,
+        index: int,
+        address: str,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        gpu_memory: Callable[[], int] = lambda: 0,
+    ):
+        self.control, self.task = control, pb.TaskId(type=task_type, index=index)
+        self.address = address
+        self.interval, self.timeout = heartbeat_interval, heartbeat_timeout
+        self.gpu_memory = gpu_memory
+        self.report = Report()
+        self._stub = stub(control, creds)
+        self._process = psutil.Process()
+        self._process.cpu_percent()  # prime: the first call always returns 0
+        self._done = threading.Event()
+        self.name = f"{task_type}:{index}"
+
+    def register(self, devices: list[str], deadline_s: float) -> None:
+        """Register, retrying while the control plane is not up yet; raises Refused or TimeoutError."""
+        versions = local_versions()
+        request = pb.RegisterRequest(
+            task=self.task,
+            host=socket.gethostname(),
+            address=self.address,
+            pid=os.getpid(),
+            versions=pb.Versions(**versions),
+            devices=devices,
+        )
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                reply = self._stub.Register(request, timeout=RPC_TIMEOUT_S)
+                break
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise Refused(f"the control plane at {self.control} refused our token; use the cluster's token") from None
+                if time.monotonic() > end:
+                    raise TimeoutError(f"no control plane at {self.control} after {deadline_s:g}s ({e.code().name})") from None
+                time.sleep(0.5)
+        if not reply.accepted:
+            raise Refused(reply.reason)
+        log.info("%s registered with the control plane at %s", self.name, self.control)
+
+    def start(self, on_stop: Callable[[str], None]) -> threading.Thread:
+        thread = threading.Thread(target=self._loop, args=(on_stop,), name="pstrain-heartbeat", daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _loop(self, on_stop: Callable[[str], None]) -> None:
+        last_ok = time.monotonic()
+        wait = 0.0  # the first heartbeat goes out at once
+        while not self._done.wait(wait):
+            wait = self.interval
+            try:
+                reply = self._stub.Heartbeat(self._heartbeat(), timeout=RPC_TIMEOUT_S)
+                last_ok = time.monotonic()
+                if reply.stop:
+                    on_stop("the control plane asked this task to stop")
+                    return
+            except grpc.RpcError as e:
+                if time.monotonic() - last_ok > self.timeout:
+                    on_stop(f"the control plane at {self.control} has been unreachable for {self.timeout:g}s ({e.code().name})")
+                    return
+
+    def _heartbeat(self) -> pb.HeartbeatRequest:
+        memory = self._process.memory_info().rss
+        for child in self._process.children(recursive=True):
+            try:
+                memory += child.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        report = self.report
+        return pb.HeartbeatRequest(
+            task=self.task,
+            state=report.state,
+            resources=pb.Resources(cpu_percent=self._process.cpu_percent(), rss_bytes=memory, gpu_memory_bytes=self.gpu_memory()),
+            step=report.step,
+            gradients_by_worker=report.gradients_by_worker or {},
+        )
+
+
+def agent_from_env(task_type: str, index: int, address: str, gpu_memory: Callable[[], int] = lambda: 0) -> Agent | None:
+    """The agent the launcher or node asked for through the environment; None without a control plane."""
+    control = os.environ.get(CONTROL_ENV)
+    if not control:
+        return None
+    creds = Credentials(token=os.environ.get(TOKEN_ENV, ""), tls_ca=os.environ.get("PSTRAIN_TLS_CA", ""))
+    return Agent(
+        control,
+        creds,
+        task_type,
+        index,
+        address,
+        heartbeat_interval=float(os.environ.get(INTERVAL_ENV, "2")),
+        heartbeat_timeout=float(os.environ.get(TIMEOUT_ENV, "10")),
+        gpu_memory=gpu_memory,
+    )

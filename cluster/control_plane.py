@@ -1,0 +1,140 @@
+"""The control plane's gRPC server (in the chief's launcher) and the calls clients make."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+
+from cluster.proto import control_pb2 as pb
+from cluster.proto import control_pb2_grpc as pb_grpc
+from cluster.registry import Registry
+from cluster.security import Credentials, TokenInterceptor, channel, server_credentials
+
+RPC_TIMEOUT_S = 5.0
+
+
+def _resources(r: pb.Resources) -> dict[str, float]:
+    return {"cpu_percent": r.cpu_percent, "rss_bytes": r.rss_bytes, "gpu_memory_bytes": r.gpu_memory_bytes}
+
+
+class ControlPlane(pb_grpc.ControlPlaneServicer):
+    def __init__(
+        self,
+        registry: Registry,
+        heartbeat_interval: float,
+        on_stop: Callable[[str], None],
+        assignment: Callable[[list[str]], tuple[dict, list[tuple[str, int, int]]]],
+    ):
+        self.registry = registry
+        self.heartbeat_interval = heartbeat_interval
+        self.on_stop = on_stop
+        self.assignment = assignment
+
+    def Register(self, request, context):
+        versions = {
+            "pstrain": request.versions.pstrain,
+            "tensorflow": request.versions.tensorflow,
+            "python": request.versions.python,
+        }
+        accepted, reason = self.registry.register(
+            (request.task.type, request.task.index), request.host, request.address, request.pid, versions, list(request.devices)
+        )
+        return pb.RegisterReply(accepted=accepted, reason=reason, heartbeat_interval_s=self.heartbeat_interval)
+
+    def Heartbeat(self, request, context):
+        stop = self.registry.heartbeat(
+            (request.task.type, request.task.index),
+            request.state,
+            _resources(request.resources),
+            request.step,
+            dict(request.gradients_by_worker),
+        )
+        return pb.HeartbeatReply(stop=stop)
+
+    def Status(self, request, context):
+        return status_message(self.registry.status())
+
+    def Stop(self, request, context):
+        self.on_stop(request.reason or "pstrain stop")
+        return pb.StopReply(accepted=True)
+
+    def Assignment(self, request, context):
+        spec, tasks = self.assignment(list(request.host_addresses))
+        return pb.AssignmentReply(
+            cluster_json=json.dumps(spec),
+            tasks=[pb.TaskId(type=t, index=i) for t, i, _ in tasks],
+            worker_gpus=[gpu for _, _, gpu in tasks],
+        )
+
+
+def status_message(status: dict) -> pb.StatusReply:
+    reply = pb.StatusReply(state=status["state"], step=status["step"], total_steps=status["total_steps"])
+    for row in status["tasks"]:
+        task_type, _, index = row["task"].partition(":")
+        reply.tasks.append(
+            pb.TaskStatus(
+                task=pb.TaskId(type=task_type, index=int(index)),
+                state=row["state"],
+                host=row.get("host", ""),
+                hostname=row.get("hostname", ""),
+                address=row.get("address", ""),
+                pid=row.get("pid", 0),
+                heartbeat_age_s=row["heartbeat_age_s"],
+                step=row.get("step", 0),
+                steps_per_s=row.get("steps_per_s", 0.0),
+                gradients=row.get("gradients", 0),
+                resources=pb.Resources(
+                    cpu_percent=row.get("cpu_percent", 0.0),
+                    rss_bytes=row.get("rss_bytes", 0),
+                    gpu_memory_bytes=row.get("gpu_memory_bytes", 0),
+                ),
+                devices=row.get("devices", []),
+            )
+        )
+    return reply
+
+
+def status_dict(reply: pb.StatusReply) -> dict:
+    """The inverse of status_message, for `pstrain status --json`."""
+    tasks = []
+    for t in reply.tasks:
+        row = {
+            "task": f"{t.task.type}:{t.task.index}",
+            "state": t.state,
+            "address": t.address,
+            "heartbeat_age_s": t.heartbeat_age_s,
+        }
+        if t.state != "missing":
+            row.update(
+                host=t.host,
+                hostname=t.hostname,
+                pid=t.pid,
+                step=t.step,
+                steps_per_s=t.steps_per_s,
+                gradients=t.gradients,
+                cpu_percent=t.resources.cpu_percent,
+                rss_bytes=t.resources.rss_bytes,
+                gpu_memory_bytes=t.resources.gpu_memory_bytes,
+                devices=list(t.devices),
+            )
+        tasks.append(row)
+    return {"state": reply.state, "step": reply.step, "total_steps": reply.total_steps, "tasks": tasks}
+
+
+def serve(servicer: ControlPlane, bind: str, creds: Credentials) -> tuple[grpc.Server, int]:
+    """Start the server on `bind` (host:port, port 0 = free); returns it and the bound port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[TokenInterceptor(creds.token)])
+    pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)
+    tls = server_credentials(creds)
+    port = server.add_secure_port(bind, tls) if tls else server.add_insecure_port(bind)
+    if port == 0:
+        raise OSError(f"cannot listen on {bind}")
+    server.start()
+    return server, port
+
+
+def stub(address: str, creds: Credentials) -> pb_grpc.ControlPlaneStub:
+    return pb_grpc.ControlPlaneStub(channel(address, creds))

@@ -1,0 +1,103 @@
+"""`pstrain node`: run this machine's share of a cluster whose chief runs elsewhere.
+
+The tasks come from the shared cluster config (those whose host is one of this machine's
+addresses), or, given only `--chief HOST:PORT`, from the chief's Assignment call. Each task's agent
+registers with the chief; the node ends when its tasks end, which they do when the chief says stop
+or has been unreachable past the heartbeat timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import grpc
+
+from cluster.config import ClusterConfig, ConfigError, is_local_host, parse_address
+from cluster.control_plane import RPC_TIMEOUT_S, stub
+from cluster.hosts import local_addresses
+from cluster.launcher import control_env
+from cluster.plan import plan_task
+from cluster.proto import control_pb2 as pb
+from cluster.security import Credentials
+from cluster.supervisor import Supervisor, exit_code, python_module
+
+
+def tasks_from_config(cluster: ClusterConfig, local: frozenset[str]) -> list[tuple[str, int]]:
+    tasks = []
+    for kind, addresses in (("ps", cluster.ps), ("worker", cluster.workers)):
+        for index, address in enumerate(addresses):
+            host, port = parse_address(f"cluster.{kind}", address)
+            if is_local_host(host, local):
+                if port == 0:
+                    raise ConfigError(f"cluster.{kind}s[{index}]: a task on a second machine needs a fixed port")
+                tasks.append((kind, index))
+    return tasks
+
+
+def cluster_from_assignment(control: str, creds: Credentials, local: frozenset[str], timeout: float):
+    """Ask the chief which tasks this machine runs; retries until the chief answers or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reply = stub(control, creds).Assignment(pb.AssignmentRequest(host_addresses=sorted(local)), timeout=RPC_TIMEOUT_S)
+            break
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise ConfigError(f"--chief: {control} refused our token; use the cluster's token") from None
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"--chief: no control plane answers at {control} ({e.code().name}); check the address"
+                ) from None
+            time.sleep(1)
+    spec = json.loads(reply.cluster_json)
+    gpus = {(t.type, t.index): g for t, g in zip(reply.tasks, reply.worker_gpus, strict=True)}
+    cluster = ClusterConfig(
+        chief=spec["chief"][0],
+        ps=tuple(spec["ps"]),
+        workers=tuple(spec["worker"]),
+        worker_gpus=tuple(None if gpus.get(("worker", i), -1) < 0 else gpus[("worker", i)] for i in range(len(spec["worker"]))),
+        control=control,
+    )
+    return cluster, [(t.type, t.index) for t in reply.tasks]
+
+
+def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], creds: Credentials, log_dir: Path) -> int:
+    if not tasks:
+        raise ConfigError("cluster: no task of this cluster is assigned to this machine; check the hosts in the config")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    supervisor = Supervisor(log_dir)
+    stop: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _f: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    env = control_env(cluster, creds)
+    try:
+        children = [
+            supervisor.start(plan_task(cluster, kind, index), python_module("worker"), extra_env=env) for kind, index in tasks
+        ]
+        names = ", ".join(f"{c.name} at {c.plan.address}" for c in children)
+        print(f"pstrain node: running {names}; chief control plane {cluster.control}; logs in {log_dir}", flush=True)
+        while not stop and any(c.process.poll() is None for c in children):
+            time.sleep(0.2)
+        if stop:
+            return 128 + stop[0]
+        codes = [exit_code(c.process.returncode) for c in children]
+        for child, code in zip(children, codes, strict=True):
+            print(f"pstrain node: {child.name} exited with code {code}", flush=True)
+        return next((c for c in codes if c), 0)
+    finally:
+        supervisor.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def node_cluster(config_cluster: ClusterConfig | None, chief: str | None, creds: Credentials, timeout: float):
+    local = local_addresses()
+    if chief:
+        parse_address("--chief", chief)
+        return cluster_from_assignment(chief, creds, local, timeout)
+    assert config_cluster is not None
+    if parse_address("cluster.control", config_cluster.control)[1] == 0:
+        raise ConfigError('cluster.control: a multi-machine cluster needs a fixed control port (e.g. "10.0.0.1:7000")')
+    return config_cluster, tasks_from_config(config_cluster, local)

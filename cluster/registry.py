@@ -1,0 +1,151 @@
+"""The chief's view of the cluster: who registered, who is alive, who is missing. Pure logic.
+
+The gRPC servicer (cluster/control_plane.py) is a thin shell around this; a clock is injected so
+heartbeat timeouts are testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+TaskKey = tuple[str, int]  # ("worker", 1)
+
+
+def task_name(key: TaskKey) -> str:
+    return f"{key[0]}:{key[1]}"
+
+
+@dataclass
+class TaskRecord:
+    host: str
+    address: str
+    pid: int
+    devices: list[str]
+    registered_at: float
+    last_seen: float
+    state: str = "registered"
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    gpu_memory_bytes: int = 0
+    step: int = 0
+    steps_per_s: float = 0.0
+    gradients: int = 0
+
+
+@dataclass
+class Registry:
+    """Registration, heartbeats and status for the tasks of one cluster."""
+
+    expected: dict[TaskKey, str]  # task -> the address the cluster config gives it
+    versions: dict[str, str]  # the chief's own versions; every task must match
+    heartbeat_timeout: float
+    total_steps: int = 0
+    clock: Callable[[], float] = time.monotonic
+    tasks: dict[TaskKey, TaskRecord] = field(default_factory=dict)
+    state: str = "waiting"
+    stopping: bool = False  # the chief is asked to checkpoint and stop
+    shutting_down: bool = False  # every task is asked to exit (after the chief is done)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _last_step: tuple[float, int] | None = None
+
+    def register(self, key: TaskKey, host: str, address: str, pid: int, versions: dict[str, str], devices: list[str]):
+        """Returns (accepted, reason)."""
+        with self._lock:
+            if key not in self.expected:
+                count = sum(1 for k in self.expected if k[0] == key[0])
+                return False, f"{task_name(key)} is not in this cluster ({count} {key[0]} tasks); check its TF_CONFIG"
+            skew = [f"{k} {versions.get(k, '?')} (chief has {v})" for k, v in self.versions.items() if versions.get(k) != v]
+            if skew:
+                return False, f"{task_name(key)} runs {', '.join(skew)}; install the chief's versions on {host}"
+            current = self.tasks.get(key)
+            if current and (current.host, current.pid) != (host, pid) and not self._lost(current):
+                return False, (
+                    f"{task_name(key)} is already registered by pid {current.pid} on {current.host}; "
+                    "each slot runs once (stop the other task or fix the task index)"
+                )
+            now = self.clock()
+            self.tasks[key] = TaskRecord(host, address, pid, list(devices), now, now)
+            return True, ""
+
+    def heartbeat(self, key: TaskKey, state: str, resources: dict[str, float], step: int, gradients: dict[int, int]) -> bool:
+        """Record a heartbeat; returns True when the task should stop."""
+        with self._lock:
+            record = self.tasks.get(key)
+            stop = self.stopping if key[0] == "chief" else self.shutting_down
+            if record is None:
+                return stop
+            now = self.clock()
+            record.last_seen, record.state = now, state
+            record.cpu_percent = resources.get("cpu_percent", 0.0)
+            record.rss_bytes = int(resources.get("rss_bytes", 0))
+            record.gpu_memory_bytes = int(resources.get("gpu_memory_bytes", 0))
+            if key[0] == "chief":
+                if self._last_step and now > self._last_step[0] and step >= self._last_step[1]:
+                    record.steps_per_s = (step - self._last_step[1]) / (now - self._last_step[0])
+                self._last_step = (now, step)
+                record.step = step
+                if state == "training":
+                    self.state = "training"
+                for index, count in gradients.items():
+                    worker = self.tasks.get(("worker", index))
+                    if worker:
+                        worker.gradients = count
+            return stop
+
+    def request_stop(self) -> None:
+        """Ask the chief to checkpoint and stop; the servers stay up until it has."""
+        with self._lock:
+            self.stopping = True
+            self.state = "stopping"
+
+    def shutdown(self) -> None:
+        """Ask every task to exit."""
+        with self._lock:
+            self.stopping = self.shutting_down = True
+            self.state = "stopping"
+
+    def _lost(self, record: TaskRecord) -> bool:
+        return self.clock() - record.last_seen > self.heartbeat_timeout
+
+    def missing(self) -> list[tuple[str, str]]:
+        """(task, expected address) of every task that has not registered."""
+        with self._lock:
+            return [(task_name(k), a) for k, a in sorted(self.expected.items()) if k not in self.tasks]
+
+    def status(self) -> dict:
+        """The cluster as a plain dict (what `pstrain status --json` prints)."""
+        with self._lock:
+            now = self.clock()
+            chief = self.tasks.get(("chief", 0))
+            rows = []
+            for key in sorted(self.expected, key=lambda k: (["chief", "ps", "worker"].index(k[0]), k[1])):
+                record = self.tasks.get(key)
+                row = {"task": task_name(key), "address": self.expected[key]}
+                if record is None:
+                    row.update(state="missing", heartbeat_age_s=-1.0)
+                else:
+                    row.update(
+                        state="lost" if self._lost(record) else record.state,
+                        host=record.address.rpartition(":")[0].strip("[]"),
+                        hostname=record.host,
+                        pid=record.pid,
+                        address=record.address,
+                        heartbeat_age_s=round(now - record.last_seen, 3),
+                        step=chief.step if chief else 0,
+                        steps_per_s=round(chief.steps_per_s, 3) if chief else 0.0,
+                        gradients=record.gradients,
+                        cpu_percent=record.cpu_percent,
+                        rss_bytes=record.rss_bytes,
+                        gpu_memory_bytes=record.gpu_memory_bytes,
+                        devices=record.devices,
+                    )
+                rows.append(row)
+            return {
+                "state": self.state,
+                "step": chief.step if chief else 0,
+                "total_steps": self.total_steps,
+                "tasks": rows,
+            }

@@ -1,0 +1,175 @@
+"""The control plane: proto, registry rules, token checks, and status of a live local cluster."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from cluster.control_plane import ControlPlane, serve, status_dict, status_message, stub
+from cluster.proto import control_pb2 as pb
+from cluster.proto.generate import generated_files
+from cluster.registry import Registry
+from cluster.security import Credentials
+from cluster.versions import local_versions
+from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
+
+VERSIONS = {"pstrain": "1.0", "tensorflow": "2.21.0", "python": "3.11.7"}
+EXPECTED = {("chief", 0): "h:1", ("ps", 0): "h:2", ("worker", 0): "h:3", ("worker", 1): "h:4"}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_generated_code_matches_the_proto():
+    for name, text in generated_files().items():
+        assert (ROOT / "cluster" / "proto" / name).read_text() == text, f"run python -m cluster.proto.generate ({name})"
+
+
+def test_status_round_trips_through_protobuf():
+    registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5, total_steps=10, clock=Clock())
+    registry.register(("worker", 1), "box", "h:4", 42, VERSIONS, ["CPU:0"])
+    status = registry.status()
+    wire = pb.StatusReply.FromString(status_message(status).SerializeToString())
+    assert status_dict(wire) == status
+
+
+def test_version_skew_is_refused_with_the_reason():
+    registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5)
+    accepted, reason = registry.register(("worker", 0), "box", "h:3", 7, {**VERSIONS, "tensorflow": "2.20.0"}, [])
+    assert not accepted
+    assert reason == "worker:0 runs tensorflow 2.20.0 (chief has 2.21.0); install the chief's versions on box"
+
+
+def test_duplicate_slot_is_refused_until_the_first_is_lost():
+    clock = Clock()
+    registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5, clock=clock)
+    assert registry.register(("worker", 1), "a", "h:4", 1, VERSIONS, []) == (True, "")
+    accepted, reason = registry.register(("worker", 1), "b", "h:4", 2, VERSIONS, [])
+    assert not accepted and "already registered by pid 1 on a" in reason
+    clock.now += 6  # the first one went silent past the timeout: a restarted task may take the slot
+    assert registry.register(("worker", 1), "b", "h:4", 2, VERSIONS, []) == (True, "")
+
+
+def test_unknown_slot_and_missing_tasks():
+    registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5)
+    accepted, reason = registry.register(("worker", 5), "a", "h:9", 1, VERSIONS, [])
+    assert not accepted and reason.startswith("worker:5 is not in this cluster (2 worker tasks)")
+    registry.register(("ps", 0), "a", "h:2", 1, VERSIONS, [])
+    assert registry.missing() == [("chief:0", "h:1"), ("worker:0", "h:3"), ("worker:1", "h:4")]
+
+
+def test_silent_task_is_lost_and_chief_reports_progress():
+    clock = Clock()
+    registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5, clock=clock)
+    for key, address in EXPECTED.items():
+        registry.register(key, "a", address, 1, VERSIONS, [])
+    registry.heartbeat(("chief", 0), "training", {}, 10, {0: 10, 1: 9})
+    clock.now += 2
+    registry.heartbeat(("chief", 0), "training", {}, 30, {0: 30, 1: 29})
+    clock.now += 4  # worker:1 never heartbeated: 6 s since registration
+    rows = {row["task"]: row for row in registry.status()["tasks"]}
+    assert rows["worker:1"]["state"] == "lost" and rows["worker:1"]["gradients"] == 29
+    assert rows["chief:0"]["state"] == "training" and rows["chief:0"]["steps_per_s"] == 10.0
+
+
+@pytest.fixture
+def control_plane():
+    registry = Registry(EXPECTED, local_versions(), heartbeat_timeout=5)
+    stops: list[str] = []
+    servicer = ControlPlane(registry, 1.0, stops.append, lambda hosts: ({}, []))
+    server, port = serve(servicer, "127.0.0.1:0", Credentials("right-token"))
+    yield f"127.0.0.1:{port}", registry, stops
+    server.stop(grace=0)
+
+
+def test_wrong_token_is_refused_and_changes_nothing(control_plane):
+    address, registry, stops = control_plane
+    for token in ("wrong-token", ""):
+        with pytest.raises(grpc.RpcError) as error:
+            stub(address, Credentials(token)).Stop(pb.StopRequest(), timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert stops == [] and not registry.stopping
+    good = stub(address, Credentials("right-token"))
+    good.Stop(pb.StopRequest(reason="test"), timeout=5)
+    assert stops == ["test"]
+
+
+def test_registration_over_grpc_refuses_skew(control_plane):
+    address, registry, _ = control_plane
+    request = pb.RegisterRequest(
+        task=pb.TaskId(type="worker", index=0), host="box", address="h:3", pid=5, versions=pb.Versions(pstrain="0.0.1")
+    )
+    reply = stub(address, Credentials("right-token")).Register(request, timeout=5)
+    assert not reply.accepted and "pstrain 0.0.1" in reply.reason
+    assert ("worker", 0) not in registry.tasks
+
+
+def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
+    argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token_file), "--json"]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_live_status_wrong_token_and_lost_worker(tmp_path):
+    """A real local cluster: status shows every task; a wrong token is refused while training goes on;
+    a worker that stops heartbeating (SIGSTOP) is shown as lost within the timeout."""
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.toml"
+    config.write_text("[cluster]\nheartbeat_interval = 0.5\nheartbeat_timeout = 2.0\n")
+    token_file = run_dir / "control.token"
+    seen: dict = {}
+
+    def drive() -> bool:
+        log = run_dir / "logs" / "chief-0.log"
+        if not log.exists() or "step " not in log.read_text():
+            return False
+        control = json.loads((run_dir / "cluster.json").read_text())["control"]
+        if "serving" not in seen:
+            status = json.loads(status_json(control, token_file).stdout)
+            if status["state"] != "training":
+                return False
+            seen["serving"] = {row["task"]: row["state"] for row in status["tasks"]}
+            bad = tmp_path / "bad.token"
+            bad.write_text("not-the-token\n")
+            seen["refused"] = status_json(control, bad)
+            pid = next(row["pid"] for row in status["tasks"] if row["task"] == "worker:1")
+            seen["pid"] = pid
+            psutil.Process(pid).send_signal(signal.SIGSTOP)
+            seen["stopped_at"] = time.monotonic()
+            return False
+        if "lost_after" not in seen:
+            # Poll in-process (real gRPC, no interpreter start-up per poll) to time the transition.
+            reply = stub(control, Credentials(token_file.read_text().strip())).Status(pb.StatusRequest(), timeout=5)
+            rows = {row["task"]: row for row in status_dict(reply)["tasks"]}
+            if rows["worker:1"]["state"] == "lost":
+                seen["lost_after"] = time.monotonic() - seen["stopped_at"]
+                seen["others"] = {t: r["state"] for t, r in rows.items() if t != "worker:1"}
+                psutil.Process(seen["pid"]).send_signal(signal.SIGCONT)
+            elif time.monotonic() - seen["stopped_at"] > 15:
+                psutil.Process(seen["pid"]).send_signal(signal.SIGCONT)
+                seen["lost_after"] = None
+        return False
+
+    result = run_pstrain(["launch", "--config", str(config), "--run-dir", str(run_dir), "--steps", "300"], signal_when=drive)
+    assert result.returncode == 0, result.output
+    assert seen["serving"] == {"chief:0": "training", "ps:0": "serving", "worker:0": "serving", "worker:1": "serving"}
+    refused = seen["refused"]
+    assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
+    # Lost once silent past the 2 s timeout (its last heartbeat came up to one 0.5 s interval before
+    # SIGSTOP), allowing polling slack.
+    assert seen["lost_after"] is not None and 2.0 - 0.5 <= seen["lost_after"] < 2.0 + 1.5, seen
+    assert seen["others"]["worker:0"] == "serving"
+    steps, done = metrics(run_dir)
+    assert len(steps) == 300 and all(s["aggregated"] == 2 for s in steps)
+    assert_no_orphans(result)
