@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -173,3 +174,27 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     steps, done = metrics(run_dir)
     assert len(steps) == 300 and all(s["aggregated"] == 2 for s in steps)
     assert_no_orphans(result)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
+def test_tls_control_plane(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    registry = Registry(EXPECTED, local_versions(), heartbeat_timeout=5)
+    servicer = ControlPlane(registry, 1.0, lambda reason: None, lambda hosts: ({}, []))
+    server, port = serve(servicer, "127.0.0.1:0", Credentials("t", tls_cert=str(cert), tls_key=str(key)))
+    try:
+        address = f"127.0.0.1:{port}"
+        reply = stub(address, Credentials("t", tls_ca=str(cert))).Status(pb.StatusRequest(), timeout=5)
+        assert reply.state == "waiting"
+        with pytest.raises(grpc.RpcError):  # a plaintext client cannot talk to a TLS server
+            stub(address, Credentials("t")).Status(pb.StatusRequest(), timeout=5)
+        with pytest.raises(grpc.RpcError) as error:  # TLS does not replace the token
+            stub(address, Credentials("wrong", tls_ca=str(cert))).Status(pb.StatusRequest(), timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        server.stop(grace=0)
