@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -19,6 +20,14 @@ from chief.data import slot_indices
 from chief.jobs import Job
 from chief.model_state import build_state, dense_gradients
 from cluster.config import TrainConfig
+
+
+class StepInterrupted(Exception):
+    """A stop was requested while the step waited for gradients; nothing of the step was applied."""
+
+    def __init__(self, step: int):
+        super().__init__(f"interrupted during step {step}")
+        self.step = step
 
 
 @dataclass
@@ -69,7 +78,7 @@ class LocalEngine:
 
         return step_fn
 
-    def step(self, step: int) -> StepResult:
+    def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
         idx = [
             slot_indices(len(self.labels), t.seed, step, k, t.slot_batch_size, t.total_num_replicas)
@@ -160,7 +169,8 @@ class ClusterEngine:
 
         return apply_fn
 
-    def step(self, step: int) -> StepResult:
+    def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
+        """Run one synchronous step; raises StepInterrupted (nothing applied) if asked to stop mid-step."""
         t = self.train
         t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
@@ -173,12 +183,17 @@ class ClusterEngine:
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         chosen: dict[int, tuple[int, float]] = {}
-        for done in futures.as_completed(pending):
-            worker, loss, computed = done.result()
-            if computed and len(chosen) < t.replicas_to_aggregate:
-                chosen[pending[done]] = (int(worker), float(loss))
-            if len(chosen) == t.replicas_to_aggregate:
-                break
+        waiting = set(pending)
+        while waiting and len(chosen) < t.replicas_to_aggregate:
+            # Short waits so a stop request is honoured even while a worker stalls the step.
+            done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
+            for future in done:
+                worker, loss, computed = future.result()
+                if computed and len(chosen) < t.replicas_to_aggregate:
+                    chosen[pending[future]] = (int(worker), float(loss))
+            if len(chosen) < t.replicas_to_aggregate and interrupted():
+                self._late.update(waiting)
+                raise StepInterrupted(step)
         if len(chosen) < t.replicas_to_aggregate:
             raise RuntimeError(f"step {step}: only {len(chosen)} of {t.replicas_to_aggregate} gradients were computed")
         t2 = time.perf_counter()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from chief.checkpoints import Checkpoints
+from chief.engines import ClusterEngine, LocalEngine, StepInterrupted
 from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import checked_arrays, load_job
 from chief.metrics import MetricsLog, Progress
@@ -20,6 +22,9 @@ from cluster.agent import Report, agent_from_env
 from cluster.config import TrainConfig
 
 log = logging.getLogger("pstrain.chief")
+
+
+RESTARTABLE = 75  # exit code: a cluster task became unreachable; the launcher may restart and resume
 
 
 class TrainingError(RuntimeError):
@@ -65,17 +70,13 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     sample = data[0][:1]
     weights = initial_weights(job, train.seed, sample)
 
-    from chief.engines import ClusterEngine, LocalEngine
-
     engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
     agent = None if standalone else start_agent(stop)
     state = engine.state
-    manager = tf.train.CheckpointManager(state.checkpoint(), str(run_dir / "checkpoints"), max_to_keep=3)
-    if manager.latest_checkpoint:
-        state.checkpoint().restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    start = int(state.global_step.numpy())
+    checkpoints = Checkpoints(state, job, weights, sample, run_dir / "checkpoints", local=standalone)
+    start = checkpoints.restore_latest()
     if start:
-        log.info("resumed from %s at step %d", manager.latest_checkpoint, start)
+        log.info("resumed from %s at step %d", checkpoints.latest, start)
     engine.prepare(start)
     metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
     progress = Progress(train.steps, start, tty=os.environ.get("PSTRAIN_TTY") == "1")
@@ -93,11 +94,14 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     gradients_by_worker: dict[int, int] = {}
     for step in range(start, train.steps):
         t0 = time.monotonic()
-        result = engine.step(step)
+        try:
+            result = engine.step(step, interrupted=lambda: stop.signal is not None)
+        except StepInterrupted:
+            return stop_with_checkpoint(checkpoints, step, stop, progress, metrics)
         seconds = time.monotonic() - t0
         stale_total += result.stale_dropped
         if not result.applied:
-            manager.save(checkpoint_number=step)  # the state before the bad step; its update was withheld
+            checkpoints.save(step)  # the state before the bad step; its update was withheld
             raise TrainingError(
                 f"step {step}: loss is {result.loss}; stopped without applying it, checkpoint at step {step} "
                 "(lower the learning rate or check the data)"
@@ -120,18 +124,13 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             agent.report = Report("training", step + 1, dict(gradients_by_worker))
         done = step + 1
         if train.checkpoint_every and done % train.checkpoint_every == 0 and done < train.steps:
-            manager.save(checkpoint_number=done)
+            checkpoints.save(done)
         if stop.signal is not None:
-            manager.save(checkpoint_number=done)
-            progress.message(
-                f"pstrain: stopped by {signal.Signals(stop.signal).name} after step {done}; checkpoint saved, run again to resume"
-            )
-            metrics.close()
-            return 128 + stop.signal
+            return stop_with_checkpoint(checkpoints, done, stop, progress, metrics)
     stale_total += engine.close()
     wall = time.monotonic() - t_run
     if start < train.steps:
-        manager.save(checkpoint_number=train.steps)
+        checkpoints.save(train.steps)
     final = local_model(job, state.model.get_weights(), sample)
     scores = evaluate(job, final, eval_set)
     export_saved_model(final, sample, run_dir / "saved_model")
@@ -145,6 +144,17 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         + f"; saved model in {run_dir / 'saved_model'}"
     )
     return 0
+
+
+def stop_with_checkpoint(
+    checkpoints: Checkpoints, step: int, stop: StopRequested, progress: Progress, metrics: MetricsLog
+) -> int:
+    """Save the state after `step` applied steps and exit as the stop signal asks."""
+    checkpoints.save(step)
+    name = signal.Signals(stop.signal).name
+    progress.message(f"pstrain: stopped by {name} after step {step}; checkpoint saved, run the same command to resume")
+    metrics.close()
+    return 128 + stop.signal
 
 
 def last_line(message: str) -> str:
@@ -175,7 +185,7 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             "run the same command again to resume from the last checkpoint",
             file=sys.stderr,
         )
-        return 1
+        return RESTARTABLE
     except Exception as e:  # a job that raises: one line here, the traceback in the log dir
         trace = run_dir / "logs" / "chief-0.traceback"
         trace.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ class ClusterConfig:
     tls_cert: str = ""  # PEM certificate and key: the control plane speaks TLS
     tls_key: str = ""
     tls_ca: str = ""  # the CA that clients trust (default: tls_cert, for a self-signed certificate)
+    max_restarts: int = 3  # per task: a crashed ps, worker or chief is restarted this often, with back-off
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ CLUSTER_FIELDS = (
     "tls_cert",
     "tls_key",
     "tls_ca",
+    "max_restarts",
 )
 TRAIN_FIELDS = tuple(f.name for f in fields(TrainConfig))
 SECTIONS = {"cluster": CLUSTER_FIELDS, "train": TRAIN_FIELDS}
@@ -226,6 +228,7 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         tls_cert=raw.get("tls_cert", ""),
         tls_key=raw.get("tls_key", ""),
         tls_ca=raw.get("tls_ca", ""),
+        max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", 3), 0),
     )
     check_unique_addresses(cluster)
     return cluster

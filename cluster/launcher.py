@@ -109,20 +109,17 @@ def launch(config: Config) -> int:
             + f"; logs in {run_dir / 'logs'}",
             flush=True,
         )
-        failure = wait_registered(registry, supervisor, servers, train.startup_timeout, stop_signal)
+        failure = wait_registered(registry, servers, train.startup_timeout, stop_signal)
         if stop_signal:
             return 128 + stop_signal[0]
         if failure:
             print(f"pstrain: error: {failure}", file=sys.stderr)
             return 1
+        chief_env = {**env, "PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0"}
         chief = supervisor.start(
-            plan_task(cluster, "chief", 0),
-            python_module("chief", "--run-dir", str(run_dir)),
-            echo=sys.stdout.buffer,
-            extra_env={**env, "PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0"},
+            plan_task(cluster, "chief", 0), python_module("chief", "--run-dir", str(run_dir)), sys.stdout.buffer, chief_env
         )
-        code = supervise_chief(supervisor, chief, stop_signal)
-        return 128 + stop_signal[0] if stop_signal and code else code
+        return Supervision(supervisor, registry, cluster, train.startup_timeout, stop_signal).run(chief)
     finally:
         registry.shutdown()
         supervisor.stop_all()
@@ -133,14 +130,14 @@ def launch(config: Config) -> int:
             signal.signal(sig, handler)
 
 
-def wait_registered(registry: Registry, supervisor: Supervisor, servers: list[Child], timeout: float, stop_signal) -> str:
+def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop_signal) -> str:
     """Wait until every ps and worker registered; returns an error message, or "" on success."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not stop_signal:
         missing = [(name, address) for name, address in registry.missing() if not name.startswith("chief")]
         if not missing:
             return ""
-        dead = supervisor.first_dead()
+        dead = next((c for c in servers if c.process.poll() is not None), None)
         if dead:
             return f"task not ready: {describe_not_ready(dead)}"
         time.sleep(0.2)
@@ -152,24 +149,89 @@ def wait_registered(registry: Registry, supervisor: Supervisor, servers: list[Ch
     return f"tasks not registered after {timeout:g}s: {details}"
 
 
-def supervise_chief(supervisor: Supervisor, chief: Child, stop_signal: list[int]) -> int:
-    reported: set[str] = set()
-    forwarded = False
-    deadline = 0.0
-    while chief.process.poll() is None:
-        if stop_signal and not forwarded:
-            chief.process.send_signal(stop_signal[0])  # checkpoint at the next step, then exit
-            forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
-        if forwarded and time.monotonic() > deadline:
-            chief.process.kill()
-        dead = supervisor.first_dead(exclude=chief)
-        if dead and dead.name not in reported:
-            reported.add(dead.name)
-            code = exit_code(dead.process.returncode)
-            print(f"pstrain: {dead.name} exited with code {code} (see {dead.log_path})", file=sys.stderr, flush=True)
-        time.sleep(0.1)
-    supervisor.stop(chief, grace_s=0)
-    return exit_code(chief.process.returncode)
+RESTARTABLE = 75  # the chief's exit code when a cluster task became unreachable (EX_TEMPFAIL)
+
+
+class Supervision:
+    """Watch a running cluster: restart crashed tasks (bounded, with back-off), restart the chief
+    after a ps loss so it resumes from its checkpoint, and end the run when a task stays lost."""
+
+    def __init__(self, supervisor: Supervisor, registry: Registry, cluster: ClusterConfig, startup_timeout: float, stop_signal):
+        self.supervisor, self.registry, self.cluster = supervisor, registry, cluster
+        self.startup_timeout, self.stop_signal = startup_timeout, stop_signal
+        self.failure = ""
+
+    def run(self, chief: Child) -> int:
+        while True:
+            code = self._watch(chief)
+            if self.failure:
+                print(f"pstrain: error: {self.failure}", file=sys.stderr, flush=True)
+                return 1
+            if self.stop_signal:
+                return 128 + self.stop_signal[0] if code else 0
+            if code != RESTARTABLE or chief.restarts >= self.cluster.max_restarts:
+                return code
+            self._restart_dead_servers(wait=True)
+            failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop_signal)
+            if failure:
+                print(f"pstrain: error: {failure}", file=sys.stderr, flush=True)
+                return 1
+            print(
+                f"pstrain: restarting the chief to resume from its checkpoint ({chief.restarts + 1}/{self.cluster.max_restarts})",
+                flush=True,
+            )
+            self.registry.forget(("chief", 0))
+            chief = self.supervisor.restart(chief)
+
+    def _servers(self) -> list[Child]:
+        return [c for c in self.supervisor.children if c.plan.type != "chief"]
+
+    def _watch(self, chief: Child) -> int:
+        forwarded, deadline = False, 0.0
+        while chief.process.poll() is None:
+            if (self.stop_signal or self.failure) and not forwarded:
+                chief.process.send_signal(self.stop_signal[0] if self.stop_signal else signal.SIGTERM)
+                forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
+            if forwarded and time.monotonic() > deadline:
+                chief.process.kill()
+            if not forwarded:
+                self._restart_dead_servers(wait=False)
+                self._check_lost()
+            time.sleep(0.1)
+        self.supervisor.stop(chief, grace_s=0)
+        return exit_code(chief.process.returncode)
+
+    def _restart_dead_servers(self, wait: bool) -> None:
+        for child in self._servers():
+            code = child.process.poll()
+            if code is None:
+                continue
+            if child.restarts >= self.cluster.max_restarts:
+                if not self.failure:
+                    times = f"{child.restarts + 1} times"
+                    self.failure = f"{child.name} exited with code {exit_code(code)} {times}; giving up (see {child.log_path})"
+                continue
+            delay = min(2.0**child.restarts, 8.0)
+            print(
+                f"pstrain: {child.name} exited with code {exit_code(code)}; restarting in {delay:g}s "
+                f"({child.restarts + 1}/{self.cluster.max_restarts}, see {child.log_path})",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.registry.forget((child.plan.type, child.plan.index))
+            time.sleep(delay)
+            self.supervisor.restart(child)
+
+    def _check_lost(self) -> None:
+        """A task silent past the heartbeat timeout ends the run (after a checkpoint)."""
+        local_dead = {c.plan.name.replace("-", ":") for c in self._servers() if c.process.poll() is not None}
+        lost = [(name, r) for name, r in self.registry.lost() if name not in local_dead and not name.startswith("chief")]
+        if lost and not self.failure:
+            names = ", ".join(f"{name} at {record.address}" for name, record in lost)
+            self.failure = (
+                f"lost {names}: no heartbeat for {self.cluster.heartbeat_timeout:g}s (network cut or hung task?); "
+                "stopped with a checkpoint, run the same command again to resume"
+            )
 
 
 def linger_for_remote_nodes(registry: Registry, cluster: ClusterConfig, local: frozenset[str]) -> None:

@@ -61,7 +61,8 @@ class Registry:
             if skew:
                 return False, f"{task_name(key)} runs {', '.join(skew)}; install the chief's versions on {host}"
             current = self.tasks.get(key)
-            if current and (current.host, current.pid) != (host, pid) and not self._lost(current):
+            restarted = current is not None and (current.host, current.address) == (host, address)
+            if current and (current.host, current.pid) != (host, pid) and not restarted and not self._lost(current):
                 return False, (
                     f"{task_name(key)} is already registered by pid {current.pid} on {current.host}; "
                     "each slot runs once (stop the other task or fix the task index)"
@@ -109,6 +110,16 @@ class Registry:
 
     def _lost(self, record: TaskRecord) -> bool:
         return self.clock() - record.last_seen > self.heartbeat_timeout
+
+    def lost(self) -> list[tuple[str, TaskRecord]]:
+        """(task, record) of every registered task silent past the heartbeat timeout."""
+        with self._lock:
+            return [(task_name(k), r) for k, r in sorted(self.tasks.items()) if self._lost(r)]
+
+    def forget(self, key: TaskKey) -> None:
+        """A task is being restarted: it is missing until it registers again."""
+        with self._lock:
+            self.tasks.pop(key, None)
 
     def missing(self) -> list[tuple[str, str]]:
         """(task, expected address) of every task that has not registered."""

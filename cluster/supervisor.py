@@ -31,7 +31,11 @@ class Child:
     plan: TaskPlan
     process: subprocess.Popen
     log_path: Path
+    argv: list[str]
+    extra_env: dict[str, str]
+    echo: BinaryIO | None = None
     pump: threading.Thread | None = None
+    restarts: int = 0
 
     @property
     def name(self) -> str:
@@ -62,7 +66,7 @@ class Supervisor:
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops children in order
             preexec_fn=_die_with_parent,
         )
-        child = Child(plan, process, log_path)
+        child = Child(plan, process, log_path, argv, dict(extra_env or {}), echo)
         if echo:
             child.pump = threading.Thread(target=_pump, args=(process.stdout, log_file, echo), daemon=True)
             child.pump.start()
@@ -70,6 +74,16 @@ class Supervisor:
             log_file.close()
         self.children.append(child)
         return child
+
+    def restart(self, child: Child) -> Child:
+        """Start the same task again (same plan, command and environment); the log continues."""
+        child.process.wait()
+        if child.pump:
+            child.pump.join(timeout=5)
+        self.children.remove(child)
+        new = self.start(child.plan, child.argv, child.echo, child.extra_env)
+        new.restarts = child.restarts + 1
+        return new
 
     def first_dead(self, exclude: Child | None = None) -> Child | None:
         for child in self.children:

@@ -16,6 +16,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 PSTRAIN = [sys.executable, "-m", "cluster.cli"]
+current_launcher = 0  # pid of the pstrain process run_pstrain is running, for signal_when callbacks
 
 
 @dataclass
@@ -49,11 +50,12 @@ def run_pstrain(
     args: list[str],
     timeout: float = 300,
     signal_when=None,
-    send: int = signal.SIGINT,
+    send: int | None = signal.SIGINT,  # None: signal_when acts by itself
     env: dict | None = None,
 ) -> Result:
     """Run `pstrain ARGS`, recording every descendant pid; optionally send a signal when
     `signal_when()` turns true. Kills what remains on timeout (and fails)."""
+    global current_launcher
     process = subprocess.Popen(
         PSTRAIN + args,
         cwd=ROOT,
@@ -62,6 +64,7 @@ def run_pstrain(
         env={**os.environ, **(env or {})},
         text=True,
     )
+    current_launcher = process.pid
     ps = psutil.Process(process.pid)
     seen: set[int] = set()
     deadline = time.monotonic() + timeout
@@ -69,7 +72,8 @@ def run_pstrain(
     while process.poll() is None and time.monotonic() < deadline:
         seen |= _descendants(ps)
         if signal_when and not signalled and signal_when():
-            process.send_signal(send)
+            if send:
+                process.send_signal(send)
             signalled = True
         time.sleep(0.1)
     if process.poll() is None:
@@ -105,3 +109,24 @@ def predictions(run_dir: Path, features: np.ndarray) -> np.ndarray:
 
     loaded = tf.saved_model.load(str(run_dir / "saved_model"))
     return loaded.signatures["serving_default"](tf.constant(features))["predictions"].numpy()
+
+
+def task_pid(root_pid: int, task_type: str, index: int) -> int | None:
+    """The pid of a running task (by its TF_CONFIG) among the descendants of `root_pid`."""
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            config = json.loads(child.environ().get("TF_CONFIG", "{}"))
+        except (psutil.Error, ValueError):
+            continue
+        if config.get("task") == {"type": task_type, "index": index}:
+            return child.pid
+    return None
+
+
+def step_lines(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0

@@ -1,0 +1,55 @@
+"""Checkpoints written from a local mirror of the training state.
+
+Saving a ParameterServerStrategy model directly traces a new tf.function for every save, and
+registering it contacts every worker: one stalled worker would then block the save that a stop
+needs. Instead the chief reads the variables from the ps (plain eager reads, only the ps involved)
+into a local copy of the same model and optimizer, and saves that. Checkpoints are therefore the
+same format for cluster and standalone runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from chief.jobs import Job
+from chief.model_state import ModelState, build_state
+
+
+def state_variables(state: ModelState) -> list[tf.Variable]:
+    """Everything a checkpoint holds, in an order both copies share."""
+    optimizer = state.optimizer.variables
+    return [*state.model.weights, *(optimizer() if callable(optimizer) else optimizer), state.global_step]
+
+
+class Checkpoints:
+    def __init__(self, live: ModelState, job: Job, weights: list[np.ndarray], sample: np.ndarray, directory: Path, local: bool):
+        self.live = live
+        self.mirror = live if local else build_state(job, weights, sample)
+        live_vars, mirror_vars = state_variables(live), state_variables(self.mirror)
+        if [v.shape for v in live_vars] != [v.shape for v in mirror_vars]:
+            raise RuntimeError("the local checkpoint mirror does not match the training state")
+        self.pairs = list(zip(live_vars, mirror_vars, strict=True))
+        self.manager = tf.train.CheckpointManager(self.mirror.checkpoint(), str(directory), max_to_keep=3)
+
+    @property
+    def latest(self) -> str | None:
+        return self.manager.latest_checkpoint
+
+    def restore_latest(self) -> int:
+        """Load the latest checkpoint into the training state; returns its global step (0 if none)."""
+        if self.latest:
+            self.mirror.checkpoint().restore(self.latest).assert_existing_objects_matched()
+            if self.mirror is not self.live:
+                for live, mirror in self.pairs:
+                    live.assign(mirror.read_value())
+        return int(self.live.global_step.numpy())
+
+    def save(self, step: int) -> None:
+        """Snapshot the training state (between steps) and write checkpoint `step`."""
+        if self.mirror is not self.live:
+            for live, mirror in self.pairs:
+                mirror.assign(live.read_value())
+        self.manager.save(checkpoint_number=step)

@@ -1,0 +1,93 @@
+"""Faults on a real local cluster: each run must end with the same model as a fault-free run.
+
+The reference is the standalone run (tests/test_local_cluster.py proves a fault-free cluster run
+equals it), with the same job, seed, steps and global batch.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from chief.jobs import digits
+from tests import helpers
+from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines, task_pid
+
+STEPS = 150
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> np.ndarray:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = run_pstrain(["train", "--standalone", "--run-dir", str(run_dir), "--steps", str(STEPS)])
+    assert result.returncode == 0, result.output
+    return predictions(run_dir, digits.eval_data()[0])
+
+
+def kill_task_when(run_dir: Path, task_type: str, index: int, after_steps: int, killed: list):
+    """A signal_when callback: SIGKILL one task once `after_steps` steps are logged."""
+
+    def act() -> bool:
+        if killed or step_lines(run_dir) < after_steps:
+            return False
+        pid = task_pid(helpers.current_launcher, task_type, index)
+        if pid:
+            psutil.Process(pid).kill()
+            killed.append(pid)
+        return bool(killed)
+
+    return act
+
+
+def assert_same_model(run_dir: Path, reference: np.ndarray) -> None:
+    records, done = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(STEPS)), "every step exactly once"
+    assert all(r["aggregated"] == 2 for r in records)
+    assert done is not None and done["steps"] == STEPS
+    np.testing.assert_allclose(predictions(run_dir, digits.eval_data()[0]), reference, atol=1e-4, rtol=0)
+
+
+def launch_args(run_dir: Path) -> list[str]:
+    return ["launch", "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "25"]
+
+
+def test_worker_killed_training_goes_on_and_the_worker_rejoins(tmp_path, reference):
+    run_dir, killed = tmp_path / "run", []
+    result = run_pstrain(launch_args(run_dir), signal_when=kill_task_when(run_dir, "worker", 1, 30, killed), send=None)
+    assert killed, "the worker was killed during the run"
+    assert result.returncode == 0, result.output
+    assert "worker-1 exited with code 137; restarting" in result.output
+    records, _ = metrics(run_dir)
+    later = [r for r in records if r["step"] > records[-1]["step"] - 20]
+    assert any(1 in r["workers"] for r in later), "the restarted worker contributes again"
+    assert_same_model(run_dir, reference)
+    assert_no_orphans(result)
+
+
+def test_ps_killed_cluster_restarts_it_and_recomputes_lost_steps(tmp_path, reference):
+    run_dir, killed = tmp_path / "run", []
+    result = run_pstrain(launch_args(run_dir), signal_when=kill_task_when(run_dir, "ps", 0, 40, killed), send=None)
+    assert killed
+    assert result.returncode == 0, result.output
+    assert "ps-0 exited with code 137; restarting" in result.output
+    assert "restarting the chief to resume from its checkpoint" in result.output
+    assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text() or "steps 25.." in result.output
+    assert_same_model(run_dir, reference)
+    assert_no_orphans(result)
+
+
+def test_chief_killed_same_command_resumes(tmp_path, reference):
+    run_dir, killed = tmp_path / "run", []
+    first = run_pstrain(launch_args(run_dir), signal_when=kill_task_when(run_dir, "chief", 0, 60, killed), send=None)
+    assert killed
+    assert first.returncode == 128 + signal.SIGKILL, first.output
+    assert_no_orphans(first, within_s=10)
+    second = run_pstrain(launch_args(run_dir))
+    assert second.returncode == 0, second.output
+    assert "steps 50..150" in second.output, "resumed from the last checkpoint before the kill"
+    assert_same_model(run_dir, reference)
+    assert_no_orphans(second)
