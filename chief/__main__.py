@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -12,4 +13,9 @@ from cluster.rundir import load_train
 parser = argparse.ArgumentParser(prog="python -m chief")
 parser.add_argument("--run-dir", required=True, type=Path)
 args = parser.parse_args()
-raise SystemExit(main_guarded(args.run_dir, load_train(args.run_dir), standalone=False))
+code = main_guarded(args.run_dir, load_train(args.run_dir), standalone=False)
+# Everything is written and flushed by now. Leave without Python's shutdown: ClusterCoordinator's
+# threads may still wait on RPCs to an unreachable worker and would hold the exit for minutes.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)

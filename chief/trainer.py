@@ -53,7 +53,7 @@ def start_agent(stop: StopRequested):
         return None
     agent.register(devices=[], deadline_s=30)
 
-    def on_stop(reason: str) -> None:
+    def on_stop(reason: str, _lost: bool) -> None:
         log.info("stopping: %s", reason)
         stop.signal = signal.SIGTERM
 

@@ -89,9 +89,14 @@ class Agent:
                 time.sleep(0.5)
         if not reply.accepted:
             raise Refused(reply.reason)
+        # The chief's settings win: a node that only knows the chief's address learns them here.
+        self.interval = reply.heartbeat_interval_s or self.interval
+        self.timeout = reply.heartbeat_timeout_s or self.timeout
         log.info("%s registered with the control plane at %s", self.name, self.control)
 
-    def start(self, on_stop: Callable[[str], None]) -> threading.Thread:
+    def start(self, on_stop: Callable[[str, bool], None]) -> threading.Thread:
+        """Heartbeat in the background; `on_stop(reason, lost)` when told to stop (lost=False) or
+        when the control plane stayed unreachable past the timeout (lost=True)."""
         thread = threading.Thread(target=self._loop, args=(on_stop,), name="pstrain-heartbeat", daemon=True)
         thread.start()
         return thread
@@ -99,20 +104,22 @@ class Agent:
     def close(self) -> None:
         self._done.set()
 
-    def _loop(self, on_stop: Callable[[str], None]) -> None:
+    def _loop(self, on_stop: Callable[[str, bool], None]) -> None:
         last_ok = time.monotonic()
         wait = 0.0  # the first heartbeat goes out at once
         while not self._done.wait(wait):
             wait = self.interval
             try:
-                reply = self._stub.Heartbeat(self._heartbeat(), timeout=RPC_TIMEOUT_S)
+                # A deadline well inside the timeout, so a silent network is noticed in time.
+                reply = self._stub.Heartbeat(self._heartbeat(), timeout=min(RPC_TIMEOUT_S, self.timeout / 2))
                 last_ok = time.monotonic()
                 if reply.stop:
-                    on_stop("the control plane asked this task to stop")
+                    on_stop("the control plane asked this task to stop", False)
                     return
             except grpc.RpcError as e:
                 if time.monotonic() - last_ok > self.timeout:
-                    on_stop(f"the control plane at {self.control} has been unreachable for {self.timeout:g}s ({e.code().name})")
+                    reason = f"the control plane at {self.control} has been unreachable for {self.timeout:g}s ({e.code().name})"
+                    on_stop(reason, True)
                     return
 
     def _heartbeat(self) -> pb.HeartbeatRequest:

@@ -42,7 +42,12 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
         accepted, reason = self.registry.register(
             (request.task.type, request.task.index), request.host, request.address, request.pid, versions, list(request.devices)
         )
-        return pb.RegisterReply(accepted=accepted, reason=reason, heartbeat_interval_s=self.heartbeat_interval)
+        return pb.RegisterReply(
+            accepted=accepted,
+            reason=reason,
+            heartbeat_interval_s=self.heartbeat_interval,
+            heartbeat_timeout_s=self.registry.heartbeat_timeout,
+        )
 
     def Heartbeat(self, request, context):
         stop = self.registry.heartbeat(

@@ -84,7 +84,7 @@ def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], creds: Creden
             return 128 + stop[0]
         codes = [exit_code(c.process.returncode) for c in children]
         for child, code in zip(children, codes, strict=True):
-            print(f"pstrain node: {child.name} exited with code {code}", flush=True)
+            print(f"pstrain node: {child.name} exited with code {code} (see {child.log_path})", flush=True)
         return next((c for c in codes if c), 0)
     finally:
         supervisor.stop_all()

@@ -1,7 +1,7 @@
 """Two machines for real: two network namespaces joined by a veth pair, one host each.
 
 Host A runs `pstrain launch` (chief, ps, worker 0); host B runs `pstrain node --chief A:PORT`
-(worker 1), exactly the README's "Two machines" recipe.
+(worker 1), exactly the README's "Two machines" recipe. Then the link between them is cut.
 """
 
 from __future__ import annotations
@@ -10,12 +10,16 @@ import json
 import secrets
 import subprocess
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, metrics
-from tests.netns import can_create_namespaces, two_hosts
+from chief.jobs import digits
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
+from tests.netns import can_create_namespaces, set_link, two_hosts
 
 WHY_NOT = can_create_namespaces()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
@@ -27,73 +31,151 @@ control = "{a}:2229"
 ps = ["{a}:2221"]
 workers = ["{a}:2222", "{b}:2222"]
 token_file = "{token}"
+heartbeat_interval = 0.5
+heartbeat_timeout = {timeout}
 
 [train]
 steps = {steps}
+checkpoint_every = 20
 run_dir = "{run_dir}"
 """
 
 
-def start(host, argv: list[str], log_path) -> subprocess.Popen:
-    log = open(log_path, "w")
-    return subprocess.Popen(host.command(PSTRAIN + argv), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+@dataclass
+class TwoHostRun:
+    launcher_code: int
+    node_code: int
+    launcher_output: str
+    node_output: str
+    statuses: list[dict] = field(default_factory=list)
 
 
-def test_training_across_two_hosts(tmp_path):
-    steps = 120
+def run_two_hosts(tmp_path: Path, a, b, steps: int, timeout: float, during=None) -> TwoHostRun:
+    """Launcher on A, node on B; `during(elapsed_steps)` runs in the polling loop. Reaps everything."""
     token = tmp_path / "token"
-    token.write_text(secrets.token_urlsafe(16) + "\n")
+    if not token.exists():
+        token.write_text(secrets.token_urlsafe(16) + "\n")
+    config = tmp_path / "cluster.toml"
     run_dir = tmp_path / "run"
+    config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, steps=steps, run_dir=run_dir, timeout=timeout))
+    control = f"{a.address}:2229"
+    outputs = [tmp_path / "launch.out", tmp_path / "node.out"]
+    node_argv = ["node", "--chief", control, "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+    processes = [
+        subprocess.Popen(host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(out, "w"), stderr=subprocess.STDOUT)
+        for host, argv, out in ((a, ["launch", "--config", str(config)], outputs[0]), (b, node_argv, outputs[1]))
+    ]
+    launcher, node = processes
     seen: set[int] = set()
-    with two_hosts() as (a, b):
-        config = tmp_path / "cluster.toml"
-        config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, steps=steps, run_dir=run_dir))
-        control = f"{a.address}:2229"
-        launcher = start(a, ["launch", "--config", str(config)], tmp_path / "launch.out")
-        node = start(
-            b,
-            ["node", "--chief", control, "--token-file", str(token), "--log-dir", str(tmp_path / "node")],
-            tmp_path / "node.out",
-        )
-        statuses = []
-        try:
-            deadline = time.monotonic() + 300
-            while launcher.poll() is None and time.monotonic() < deadline:
-                for p in (launcher, node):
-                    try:
-                        seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
-                    except psutil.NoSuchProcess:
-                        pass
-                if not statuses or statuses[-1].get("state") != "training":
-                    # Ask from host B, as an operator on the second machine would.
-                    status = subprocess.run(
-                        b.command(PSTRAIN + ["status", "--chief", control, "--token-file", str(token), "--json"]),
-                        cwd=ROOT,
-                        capture_output=True,
-                        text=True,
-                        timeout=60,
-                    )
-                    if status.returncode == 0:
-                        statuses.append(json.loads(status.stdout))
-                time.sleep(0.2)
-            node_code = node.wait(timeout=60)
-        finally:
-            for p in (launcher, node):
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            for p in alive(seen):
+    statuses: list[dict] = []
+    try:
+        deadline = time.monotonic() + 300
+        while launcher.poll() is None and time.monotonic() < deadline:
+            for p in processes:
+                try:
+                    seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
+                except psutil.NoSuchProcess:
+                    pass
+            if not statuses or statuses[-1].get("state") != "training":
+                # Ask from host B, as an operator on the second machine would.
+                argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token), "--json"]
+                status = subprocess.run(b.command(argv), cwd=ROOT, capture_output=True, text=True, timeout=60)
+                if status.returncode == 0:
+                    statuses.append(json.loads(status.stdout))
+            if during:
+                during(step_lines(run_dir))
+            time.sleep(0.2)
+        node.wait(timeout=60)
+    finally:
+        for p in processes:
+            if p.poll() is None:
                 p.kill()
-        output = (tmp_path / "launch.out").read_text()
-        assert launcher.returncode == 0, output + (tmp_path / "node.out").read_text()
-        assert node_code == 0, (tmp_path / "node.out").read_text()
+                p.wait()
+        left = alive(seen)
+        for p in left:
+            p.kill()
+    assert not left, f"processes left running: {[p.pid for p in left]}"
+    assert_no_orphans(Result(0, "", seen))
+    return TwoHostRun(launcher.returncode, node.returncode, outputs[0].read_text(), outputs[1].read_text(), statuses)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The fault-free model for 120 steps (a standalone run equals a fault-free cluster run)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = run_pstrain(["train", "--standalone", "--run-dir", str(run_dir), "--steps", "120"])
+    assert result.returncode == 0, result.output
+    return predictions(run_dir, digits.eval_data()[0])
+
+
+def assert_complete(run_dir: Path, steps: int, reference) -> None:
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(steps))
-    assert all(r["aggregated"] == 2 and r["workers"] == [0, 1] for r in records), "every step: both hosts' workers"
-    training = [s for s in statuses if s["state"] == "training"]
-    assert training, f"status never showed the cluster training: {statuses}"
+    assert all(r["aggregated"] == 2 for r in records)
+    assert done is not None
+    np.testing.assert_allclose(predictions(run_dir, digits.eval_data()[0]), reference, atol=1e-4, rtol=0)
+
+
+def test_training_across_two_hosts(tmp_path, reference):
+    with two_hosts() as (a, b):
+        run = run_two_hosts(tmp_path, a, b, steps=120, timeout=10)
+        namespaces = (a.namespace, b.namespace)
+    assert run.launcher_code == 0, run.launcher_output + run.node_output
+    assert run.node_code == 0, run.node_output
+    records, _ = metrics(tmp_path / "run")
+    assert all(r["workers"] == [0, 1] for r in records), "every step has both hosts' workers"
+    assert_complete(tmp_path / "run", 120, reference)
+    training = [s for s in run.statuses if s["state"] == "training"]
+    assert training, f"status never showed the cluster training: {run.statuses}"
     hosts = {row["task"]: row["host"] for row in training[-1]["tasks"]}
     assert hosts == {"chief:0": a.address, "ps:0": a.address, "worker:0": a.address, "worker:1": b.address}
-    assert_no_orphans(Result(0, "", seen))
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert a.namespace not in namespaces and b.namespace not in namespaces
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in listed for n in namespaces), "the test removes its namespaces"
+
+
+def cut_link(host, at_step: int, seconds: float, log: list):
+    """A `during` callback: take host's link down at `at_step` for `seconds`."""
+
+    def during(steps_done: int) -> None:
+        if not log and steps_done >= at_step:
+            set_link(host, up=False)
+            log.append(("down", time.monotonic(), steps_done))
+        elif len(log) == 1 and time.monotonic() - log[0][1] >= seconds:
+            set_link(host, up=True)
+            log.append(("up", time.monotonic(), step_lines(host_run_dir[0])))
+
+    host_run_dir: list[Path] = []
+    return during, host_run_dir
+
+
+def test_short_network_cut_stalls_and_resumes(tmp_path, reference):
+    with two_hosts(tag=1) as (a, b):
+        log: list = []
+        during, run_dir_box = cut_link(b, at_step=30, seconds=3.0, log=log)
+        run_dir_box.append(tmp_path / "run")
+        run = run_two_hosts(tmp_path, a, b, steps=120, timeout=10, during=during)
+    assert [event for event, *_ in log] == ["down", "up"], "the link was cut and restored mid-run"
+    assert run.launcher_code == 0, run.launcher_output
+    assert run.node_code == 0, run.node_output
+    assert_complete(tmp_path / "run", 120, reference)
+
+
+def test_long_network_cut_ends_with_error_and_a_checkpoint_to_resume(tmp_path, reference):
+    with two_hosts(tag=2) as (a, b):
+        log: list = []
+        during, run_dir_box = cut_link(b, at_step=30, seconds=8.0, log=log)
+        run_dir_box.append(tmp_path / "run")
+        cut = run_two_hosts(tmp_path, a, b, steps=120, timeout=3, during=during)
+        assert cut.launcher_code == 1, cut.launcher_output
+        assert f"pstrain: error: lost worker:1 at {b.address}:2222: no heartbeat for 3s" in cut.launcher_output
+        assert cut.node_code != 0, cut.node_output
+        worker_log = (tmp_path / "node" / "worker-1.log").read_text()
+        assert "worker:1: the control plane at" in worker_log and "unreachable" in worker_log, "B's task left by itself"
+        assert "Traceback" not in cut.launcher_output
+        checkpoints = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.index"))
+        assert checkpoints, "an intact checkpoint to resume from"
+        set_link(b, up=True)
+        resumed = run_two_hosts(tmp_path, a, b, steps=120, timeout=3)
+    assert resumed.launcher_code == 0, resumed.launcher_output
+    assert "resumed" in (tmp_path / "run" / "logs" / "chief-0.log").read_text()
+    assert_complete(tmp_path / "run", 120, reference)

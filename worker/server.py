@@ -68,7 +68,10 @@ def serve() -> int:
             print(f"pstrain: error: {task_type}:{index}: {e}", file=sys.stderr, flush=True)
             os._exit(2)
 
-        def stop(reason: str) -> None:
+        def stop(reason: str, lost: bool) -> None:
+            if lost:  # the chief is gone: leave, and say so with the exit code
+                print(f"pstrain: error: {task_type}:{index}: {reason}; stopping", file=sys.stderr, flush=True)
+                os._exit(1)
             log.info("%s:%d: %s", task_type, index, reason)
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -41,14 +41,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., host: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("accepted", "reason", "heartbeat_interval_s")
+    __slots__ = ("accepted", "reason", "heartbeat_interval_s", "heartbeat_timeout_s")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     heartbeat_interval_s: float
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    heartbeat_timeout_s: float
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Resources(_message.Message):
     __slots__ = ("cpu_percent", "rss_bytes", "gpu_memory_bytes")
