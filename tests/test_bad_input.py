@@ -90,3 +90,33 @@ def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message):
 def test_standalone_reports_the_same_errors(tmp_path):
     args = ["train", "--standalone", "--job", "tests.jobs.broken:Diverges", "--run-dir", str(tmp_path / "r")]
     assert_one_line_error(run_pstrain(args, timeout=120), "step 0: loss is nan", code=1)
+
+
+def test_gpu_index_the_machine_does_not_have(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[cluster]\nworker_gpus = [0, 7]\n")
+    result = run_pstrain(["launch", "--config", str(config), "--run-dir", str(tmp_path / "r")], timeout=60)
+    assert_one_line_error(result, "cluster.worker_gpus[")
+    assert "does not exist on this machine" in result.output
+    assert not result.seen_pids
+
+
+def test_unreachable_host_fails_listing_the_missing_task(tmp_path):
+    # 10.251.9.9 is an address no namespace has: the launcher only waits for the task to register
+    # (it never connects there), then fails naming it.
+    config = tmp_path / "c.toml"
+    config.write_text('[cluster]\nworkers = ["127.0.0.1:0", "10.251.9.9:2222"]\n[train]\nstartup_timeout = 4\n')
+    result = run_pstrain(["launch", "--config", str(config), "--run-dir", str(tmp_path / "r")], timeout=120)
+    assert_one_line_error(result, "tasks not registered after 4s: worker:1 expected at 10.251.9.9:2222", code=1)
+    assert_no_orphans(result)
+
+
+def test_run_dir_written_by_an_incompatible_config_is_left_alone(tmp_path):
+    run_dir = tmp_path / "r"
+    first = run_pstrain(["train", "--standalone", "--steps", "5", "--run-dir", str(run_dir)], timeout=120)
+    assert first.returncode == 0, first.output
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    result = run_pstrain(["launch", "--steps", "5", "--seed", "1", "--run-dir", str(run_dir)], timeout=60)
+    assert_one_line_error(result, f"--run-dir: {run_dir} was written with seed=0, not 1")
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before, "nothing was touched"
+    assert not result.seen_pids

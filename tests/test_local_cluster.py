@@ -90,7 +90,8 @@ def test_backup_workers_aggregate_exactly_the_required_number(tmp_path):
     assert_no_orphans(result)
 
 
-def test_interrupted_run_resumes_to_the_same_model(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     steps = 120
     run_dir = tmp_path / "run"
     args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "20"]
@@ -99,12 +100,16 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path):
     def past_first_checkpoint() -> bool:
         return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 25
 
-    first = run_pstrain(args, signal_when=past_first_checkpoint, send=signal.SIGINT)
-    assert first.returncode == 128 + signal.SIGINT, first.output
+    first = run_pstrain(args, signal_when=past_first_checkpoint, send=stop)
+    assert first.returncode == 128 + stop, first.output
     assert "checkpoint saved" in first.output
     assert_no_orphans(first, within_s=10)
     stopped_at = len(metrics(run_dir)[0])
     assert 25 <= stopped_at < steps
+    # What a crash in the middle of a later save leaves behind: files of a newer checkpoint that the
+    # checkpoint state never pointed to. They must not be taken for the latest checkpoint.
+    (run_dir / "checkpoints" / "ckpt-119.index").write_bytes(b"\x00partial")
+    (run_dir / "checkpoints" / "ckpt-119.data-00000-of-00001").write_bytes(b"\x00" * 10)
 
     second = run_pstrain(args)
     assert second.returncode == 0, second.output
