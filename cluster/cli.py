@@ -144,6 +144,8 @@ def check_job_module(spec: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # jobs in the working directory import, as under `python -m`
     if args.command == "server":
         from worker.server import serve
 
