@@ -1,0 +1,250 @@
+"""pstrain against its peers, interleaved and repeated in one invocation on this machine.
+
+    python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling]
+
+Peers, same model and global batch: pstrain sync (2 workers, 1 ps), TF2 ParameterServerStrategy
+asynchronous, the TF1 SyncReplicasOptimizer recipe (2 workers), MultiWorkerMirroredStrategy
+(2 workers) and one process. Reports medians, each peer's examples/s relative to pstrain's, the
+start-up (launch to first step) separately, pstrain's step breakdown, and the transfer limit:
+the time TF's gRPC needs to move a pstrain step's bytes on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.benchmarks.jobs import JOBS, parameters
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+PEERS = ("pstrain", "async", "tf1", "mwms", "single")
+TIMEOUT_S = 900
+
+
+def free_ports(n: int) -> list[str]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def env_for(cluster: dict, task_type: str, index: int) -> dict:
+    return {
+        **os.environ,
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}),
+        "CUDA_VISIBLE_DEVICES": "",
+        "GRPC_FAIL_FAST": "use_caller",
+        "TF_USE_LEGACY_KERAS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def run_group(commands: list[tuple[list[str], dict]], reporter: int) -> dict:
+    """Start processes, wait for the JSON line of the `reporter`, then stop and reap them all."""
+    processes = [
+        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for argv, env in commands
+    ]
+    try:
+        out, _ = processes[reporter].communicate(timeout=TIMEOUT_S)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"{commands[reporter][0]} printed no result")
+        return json.loads(lines[-1])
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in processes:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def peer_cluster(role: str, size: str, batch: int, steps: int, workers: int = 2, ps: int = 1) -> dict:
+    """async / transfer: TF servers (python -m worker) plus a coordinator running the peer role."""
+    addresses = free_ports(1 + ps + workers)
+    cluster = {"chief": addresses[:1], "ps": addresses[1 : 1 + ps], "worker": addresses[1 + ps :]}
+    servers = [([PY, "-m", "worker"], env_for(cluster, t, i)) for t in ("ps", "worker") for i in range(len(cluster[t]))]
+    chief = ([PY, "-m", "tests.benchmarks.peers", role, size, str(batch), str(steps)], env_for(cluster, "chief", 0))
+    return run_group([chief, *servers], reporter=0)
+
+
+def peer_tf1(size: str, batch: int, steps: int) -> dict:
+    addresses = free_ports(3)
+    cluster = {"ps": addresses[:1], "worker": addresses[1:]}
+    argv = [PY, "-m", "tests.benchmarks.peers", "tf1", size, str(batch), str(steps)]
+    return run_group(
+        [(argv, env_for(cluster, "worker", 0)), (argv, env_for(cluster, "worker", 1)), (argv, env_for(cluster, "ps", 0))], 0
+    )
+
+
+def peer_mwms(size: str, batch: int, steps: int) -> dict:
+    cluster = {"worker": free_ports(2)}
+    argv = [PY, "-m", "tests.benchmarks.peers", "mwms", size, str(batch), str(steps)]
+    return run_group([(argv, env_for(cluster, "worker", 0)), (argv, env_for(cluster, "worker", 1))], 0)
+
+
+def peer_single(size: str, batch: int, steps: int) -> dict:
+    argv = [PY, "-m", "tests.benchmarks.peers", "single", size, str(batch), str(steps)]
+    return run_group([(argv, {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})], 0)
+
+
+def peer_pstrain(size: str, batch: int, steps: int, workers: int = 2, ps: int = 1) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
+        argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
+        t_launch = time.time()
+        result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+        if result.returncode:
+            raise RuntimeError(f"pstrain failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps_ = [r for r in records if "step" in r]
+        measured = steps_[3:]
+        return {
+            "step_s": statistics.median(r["seconds"] for r in measured),
+            "startup_s": first_step_wall(run_dir) - t_launch,
+            "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
+        }
+
+
+def first_step_wall(run_dir: Path) -> float:
+    """When the first step ended: the chief log's first progress line is written right after it."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    total = sum(r["seconds"] for r in records[1:] if "step" in r)
+    return (run_dir / "metrics.jsonl").stat().st_mtime - total
+
+
+def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
+    t_launch = time.time()
+    if peer == "pstrain":
+        return peer_pstrain(size, batch, steps)
+    result = {
+        "async": lambda: peer_cluster("async", size, batch, steps),
+        "tf1": lambda: peer_tf1(size, batch, steps),
+        "mwms": lambda: peer_mwms(size, batch, steps),
+        "single": lambda: peer_single(size, batch, steps),
+    }[peer]()
+    result["startup_s"] = result.pop("first_step_wall") - t_launch
+    return result
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{psutil.cpu_count()} cores ({cpu}), {psutil.virtual_memory().total / 2**30:.0f} GiB, CPU only, loopback"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1m,10m,50m")
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--global-batch-size", type=int, default=256)
+    parser.add_argument("--scaling", action="store_true", help="also pstrain with 1, 2, 4, 8 workers and 1, 2 ps (10m)")
+    parser.add_argument("--out", default="", help="write all results as JSON here")
+    args = parser.parse_args()
+    sizes, peers, batch = args.sizes.split(","), args.peers.split(","), args.global_batch_size
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
+    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, first 3 excluded", flush=True)
+    for size in sizes:
+        runs: dict[str, list[dict]] = {p: [] for p in peers + ["transfer"]}
+        for repeat in range(args.repeats):  # interleaved: every peer once per round
+            for peer in peers + ["transfer"]:
+                if peer == "transfer":
+                    r = peer_cluster("transfer", size, batch, args.steps)
+                    r.pop("first_step_wall", None)
+                else:
+                    r = run_peer(peer, size, batch, args.steps)
+                runs[peer].append(r)
+                print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
+        results["runs"][size] = runs
+        print(table(size, runs, batch), flush=True)
+    if args.scaling:
+        results["scaling"] = scaling(batch, args.steps)
+        print(scaling_table(results["scaling"], batch), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def med(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+    base = med(runs["pstrain"], "step_s")
+    lines = [
+        f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)",
+        "| peer | ms/step | examples/s | pstrain ÷ peer (examples/s) | start-up s |",
+        "|---|---|---|---|---|",
+    ]
+    names = {
+        "pstrain": "pstrain sync, 2 workers",
+        "async": "TF2 PS async, 2 workers",
+        "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
+        "mwms": "MultiWorkerMirrored, 2 workers",
+        "single": "one process",
+    }
+    for peer, label in names.items():
+        if peer not in runs or not runs[peer]:
+            continue
+        step = med(runs[peer], "step_s")
+        lines.append(
+            f"| {label} | {step * 1000:.1f} | {batch / step:,.0f} | {step / base:.2f}× | {med(runs[peer], 'startup_s'):.1f} |"
+        )
+    timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
+    limit = med(runs["transfer"], "step_s")
+    lines.append(
+        f"\npstrain step {base * 1000:.1f} ms = schedule {timing['schedule'] * 1000:.1f} + "
+        f"pull/compute/push/wait-for-N {timing['gradients'] * 1000:.1f} + apply {timing['apply'] * 1000:.1f}; "
+        f"transfer limit (the same {runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB over TF gRPC) {limit * 1000:.1f} ms "
+        f"→ step = {base / limit:.2f}× the limit"
+    )
+    return "\n".join(lines)
+
+
+def scaling(batch: int, steps: int) -> list[dict]:
+    rows = []
+    for ps in (1, 2):
+        for workers in (1, 2, 4, 8):
+            r = peer_pstrain("10m", batch, steps, workers=workers, ps=ps)
+            rows.append({"ps": ps, "workers": workers, **r})
+            print(f"  scaling ps={ps} workers={workers}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
+    return rows
+
+
+def scaling_table(rows: list[dict], batch: int) -> str:
+    lines = ["\nscaling (10m, pstrain sync)", "| ps | workers | ms/step | examples/s |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['ps']} | {r['workers']} | {r['step_s'] * 1000:.1f} | {batch / r['step_s']:,.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

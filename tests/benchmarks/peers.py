@@ -1,0 +1,201 @@
+"""The peers pstrain is measured against, one process role each (run by tests/benchmarks/bench.py).
+
+    python -m tests.benchmarks.peers ROLE SIZE GLOBAL_BATCH STEPS
+
+Roles: single (one process, no cluster), async (TF2 ParameterServerStrategy without a barrier:
+the coordinator, with TF_CONFIG), tf1 (SyncReplicasOptimizer between-graph replication: ps or
+worker, with TF_CONFIG), mwms (MultiWorkerMirroredStrategy worker, with TF_CONFIG), transfer (the
+same bytes as a pstrain step moved over TF's gRPC, no compute: the coordinator). The process that
+measures prints one JSON line: {"step_s": median seconds per global step, ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tests.benchmarks.jobs import HIDDEN, build_model, loss, optimizer, parameters  # noqa: E402
+
+WARMUP = 3
+
+
+def report(times: list[float], **extra) -> None:
+    first = time.time() - sum(times[1:])  # wall clock when the first step ended
+    print(json.dumps({"step_s": statistics.median(times[WARMUP:]), "first_step_wall": first, **extra}), flush=True)
+
+
+def batch(size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((size, 784), dtype=np.float32), rng.integers(0, 10, size).astype(np.int32)
+
+
+def single(size: str, global_batch: int, steps: int) -> None:
+    model, opt = build_model(size), optimizer()
+    x, y = batch(global_batch)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
+
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - t0)
+    report(times)
+
+
+def _coordinator():
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy), resolver.cluster_spec().num_tasks("worker")
+
+
+def asynchronous(size: str, global_batch: int, steps: int) -> None:
+    """TF's own PS training: each closure applies its worker's gradient at once (no barrier)."""
+    strategy, coordinator, workers = _coordinator()
+    with strategy.scope():
+        model, opt = build_model(size), optimizer()
+    per_worker = global_batch // workers
+    x, y = batch(per_worker)
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                value = loss(y, model(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
+
+        strategy.run(replica, args=(x, y))
+
+    xt, yt = tf.constant(x), tf.constant(y)
+    times = []
+    for _ in range(steps):  # a "step" = one global batch = `workers` closures, as many updates
+        t0 = time.perf_counter()
+        for _ in range(workers):
+            coordinator.schedule(step, args=(xt, yt))
+        coordinator.join()
+        times.append(time.perf_counter() - t0)
+    report(times)
+
+
+def transfer(size: str, global_batch: int, steps: int) -> None:
+    """The bytes of one pstrain step without compute: each worker reads every parameter from the ps
+    and writes as many values back, concurrently; the transfer limit for that model size."""
+    strategy, coordinator, workers = _coordinator()
+    with strategy.scope():
+        model = build_model(size)
+        sinks = [[tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables] for _ in range(workers)]
+
+    def make(k):
+        @tf.function
+        def move():
+            for v, sink in zip(model.trainable_variables, sinks[k], strict=True):
+                sink.assign(v.read_value() + 1.0)  # pull, then push a same-size tensor back
+
+        return move
+
+    moves = [make(k) for k in range(workers)]
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        for move in moves:
+            coordinator.schedule(move)
+        coordinator.join()
+        times.append(time.perf_counter() - t0)
+    report(times, bytes_per_step=2 * workers * 4 * parameters(size))
+
+
+def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
+    """The TF1 recipe: replica_device_setter + SyncReplicasOptimizer + MonitoredTrainingSession."""
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec, job, index = resolver.cluster_spec(), resolver.task_type, resolver.task_id
+    server = v1.train.Server(spec, job_name=job, task_index=index)
+    if job == "ps":
+        server.join()
+        return
+    workers = spec.num_tasks("worker")
+    x_np, y_np = batch(global_batch // workers, seed=index)
+    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+        x = v1.placeholder(tf.float32, x_np.shape)
+        y = v1.placeholder(tf.int32, y_np.shape)
+        h = HIDDEN[size]
+        w1 = v1.get_variable("w1", [784, h])
+        b1 = v1.get_variable("b1", [h], initializer=v1.zeros_initializer())
+        w2 = v1.get_variable("w2", [h, h])
+        b2 = v1.get_variable("b2", [h], initializer=v1.zeros_initializer())
+        w3 = v1.get_variable("w3", [h, 10])
+        b3 = v1.get_variable("b3", [10], initializer=v1.zeros_initializer())
+        logits = tf.matmul(tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2), w3) + b3
+        value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        global_step = v1.train.get_or_create_global_step()
+        opt = v1.train.SyncReplicasOptimizer(
+            v1.train.GradientDescentOptimizer(0.01), replicas_to_aggregate=workers, total_num_replicas=workers
+        )
+        train_op = opt.minimize(value, global_step=global_step)
+    hooks = [opt.make_session_run_hook(index == 0), v1.train.StopAtStepHook(last_step=steps + 1)]
+    # A non-chief worker that finds the model uninitialised re-checks only every 30 s (TF1's
+    # SessionManager default, not settable through MonitoredTrainingSession); poll every second.
+    manager_init = v1.train.SessionManager.__init__
+
+    def faster_polling(self, *args, recovery_wait_secs=1, **kwargs):
+        manager_init(self, *args, recovery_wait_secs=recovery_wait_secs, **kwargs)
+
+    v1.train.SessionManager.__init__ = faster_polling
+    config = v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
+    times = []
+    with v1.train.MonitoredTrainingSession(master=server.target, is_chief=index == 0, hooks=hooks, config=config) as session:
+        while not session.should_stop():
+            t0 = time.perf_counter()
+            session.run(train_op, feed_dict={x: x_np, y: y_np})
+            times.append(time.perf_counter() - t0)
+    if index == 0:
+        report(times)
+
+
+def mwms(size: str, global_batch: int, steps: int) -> None:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = tf.distribute.cluster_resolver.TFConfigClusterResolver().task_id
+    with strategy.scope():
+        model, opt = build_model(size), optimizer()
+    x_np, y_np = batch(global_batch // strategy.num_replicas_in_sync, seed=index)
+    xt, yt = tf.constant(x_np), tf.constant(y_np)
+
+    @tf.function
+    def step():
+        def replica():
+            with tf.GradientTape() as tape:
+                value = loss(yt, model(xt, training=True)) / strategy.num_replicas_in_sync
+            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
+
+        strategy.run(replica)
+
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    if index == 0:
+        report(times)
+
+
+ROLES = {"single": single, "async": asynchronous, "transfer": transfer, "tf1": tf1_sync_replicas, "mwms": mwms}
+
+if __name__ == "__main__":
+    role, size, global_batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    ROLES[role](size, global_batch, steps)
+    sys.stdout.flush()
+    os._exit(0)  # coordinator threads would otherwise hold the exit
