@@ -58,6 +58,10 @@ class SyncReplicasAggregator:
         for i, variable in enumerate(self.variables):
             dtype = variable.dtype.base_dtype
             with tf.device(variable.device):
+                if self.total_slots == self.required:  # no backups: every slot is taken, no branches
+                    parts = [self._take(row[i], dtype) for row in self.accumulators]
+                    means.append(tf.add_n(parts) / tf.cast(self.required, dtype))
+                    continue
                 parts = [
                     tf.cond(
                         chosen[slot],

@@ -129,6 +129,7 @@ class ClusterEngine:
     def _build_worker_fn(self):
         model, global_step, aggregator, job = self.state.model, self.state.global_step, self.aggregator, self.job
         strategy = self.strategy
+        backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
         def worker_fn(iterator, step, slot, indices):
@@ -142,6 +143,9 @@ class ClusterEngine:
                         loss = job.loss_fn(y, model(x, training=True))
                     aggregator.push(slot, step, dense_gradients(tape.gradient(loss, variables), variables))
                     return tf.cast(loss, tf.float32), tf.constant(True)
+
+                if not backups:  # every closure's step is current: no check, no branch
+                    return compute()
 
                 def skip():  # a backup replica whose step is already applied: no work to do
                     return tf.constant(math.nan, tf.float32), tf.constant(False)

@@ -1,4 +1,4 @@
-"""Side effects on the network: picking free ports, waiting for servers to listen."""
+"""Side effects on the network: picking free ports and checking fixed ones are free."""
 
 from __future__ import annotations
 
@@ -62,12 +62,3 @@ def assign_ports(cluster: ClusterConfig, local: frozenset[str] = frozenset()) ->
         ps=tuple(resolve(f"cluster.ps[{i}]", a) for i, a in enumerate(cluster.ps)),
         workers=tuple(resolve(f"cluster.workers[{i}]", a) for i, a in enumerate(cluster.workers)),
     )
-
-
-def accepts_connections(address: str, timeout: float = 0.5) -> bool:
-    host, port = parse_address("address", address)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False

@@ -1,0 +1,24 @@
+"""The benchmark command runs every peer end to end (a smoke run: tiny model, few steps).
+
+Nothing here asserts a speed: figures come from the full benchmark, run by hand (README).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.benchmarks.bench import PEERS
+from tests.helpers import ROOT
+
+
+def test_benchmark_command_runs_every_peer(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "tests.benchmarks.bench", "--sizes", "1m", "--repeats", "1", "--steps", "5"]
+    result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]["1m"]
+    assert set(runs) == {*PEERS, "transfer"}
+    assert all(run[0]["step_s"] > 0 for run in runs.values())
+    assert "| pstrain sync, 2 workers |" in result.stdout and "× the limit" in result.stdout
