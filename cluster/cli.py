@@ -8,7 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no fork() notes from the launcher
+# Before grpc loads: the launcher forks tasks while its control-plane threads run. gRPC's fork
+# support would restart its poller in the child between fork() and exec(), where closing inherited
+# descriptors then aborts it (seen as tasks dying with SIGABRT at start); tasks never need it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
 from cluster.config import Config, ConfigError, load_toml, parse_address, resolve, with_train

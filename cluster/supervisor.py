@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -13,17 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from cluster.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL if the launcher dies, so no task outlives it (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass
@@ -56,7 +46,8 @@ class Supervisor:
         """Start a task; its output goes to logs/<type>-<index>.log (and to `echo` if given)."""
         log_path = self.log_dir / f"{plan.name}.log"
         log_file = open(log_path, "ab")
-        env = {**os.environ, **plan.env, **(extra_env or {})}
+        # The task arms "die with parent" itself (cluster/lifetime.py), so no task outlives us.
+        env = {**os.environ, **plan.env, **(extra_env or {}), PARENT_ENV: str(os.getpid())}
         process = subprocess.Popen(
             argv,
             env=env,
@@ -64,7 +55,6 @@ class Supervisor:
             stdout=subprocess.PIPE if echo else log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops children in order
-            preexec_fn=_die_with_parent,
         )
         child = Child(plan, process, log_path, argv, dict(extra_env or {}), echo)
         if echo:

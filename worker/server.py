@@ -9,6 +9,7 @@ import signal
 import sys
 
 from cluster.agent import Refused, agent_from_env
+from cluster.lifetime import die_with_parent
 
 log = logging.getLogger("pstrain.server")
 
@@ -41,6 +42,7 @@ def gpu_memory_fn(tf):
 
 
 def serve() -> int:
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     cluster, task_type, index = task_from_env()
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
