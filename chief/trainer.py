@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -20,11 +21,9 @@ from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
 from cluster.agent import Report, agent_from_env
 from cluster.config import TrainConfig
+from cluster.supervisor import RESTARTABLE
 
 log = logging.getLogger("pstrain.chief")
-
-
-RESTARTABLE = 75  # exit code: a cluster task became unreachable; the launcher may restart and resume
 
 
 class TrainingError(RuntimeError):
@@ -45,8 +44,6 @@ class StopRequested:
 
 def start_agent(stop: StopRequested):
     """Register the chief with the control plane (when the launcher runs one) and heartbeat."""
-    import json
-
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     agent = agent_from_env("chief", 0, cluster.get("chief", [""])[0])
     if agent is None:

@@ -18,7 +18,7 @@ from cluster.plan import cluster_spec, plan_servers, plan_task
 from cluster.ports import assign_ports
 from cluster.registry import Registry
 from cluster.security import Credentials, load_token
-from cluster.supervisor import Child, Supervisor, exit_code, python_module
+from cluster.supervisor import RESTARTABLE, Child, Supervisor, exit_code, python_module
 from cluster.versions import local_versions
 
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
@@ -93,7 +93,11 @@ def launch(config: Config) -> int:
     server = None
     try:
         servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
-        server, _ = serve(servicer, cluster.control, creds)
+        try:
+            server, _ = serve(servicer, cluster.control, creds)
+        except (OSError, RuntimeError) as e:
+            print(f"pstrain: error: cluster.control: cannot serve on {cluster.control} ({e}); pick another port", file=sys.stderr)
+            return 2
         print(
             f"pstrain: control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
             + (f" --token-file {token_hint}" if token_hint else ""),
@@ -147,9 +151,6 @@ def wait_registered(registry: Registry, servers: list[Child], timeout: float, st
     local = {c.plan.name.replace("-", ":"): c for c in servers}
     details = ", ".join(describe_not_ready(local[n]) if n in local else f"{n} expected at {a}" for n, a in missing)
     return f"tasks not registered after {timeout:g}s: {details}"
-
-
-RESTARTABLE = 75  # the chief's exit code when a cluster task became unreachable (EX_TEMPFAIL)
 
 
 class Supervision:

@@ -15,6 +15,8 @@ from typing import BinaryIO
 from cluster.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
 
+RESTARTABLE = 75  # the chief's exit code when a cluster task became unreachable (EX_TEMPFAIL)
+
 
 @dataclass
 class Child:
