@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
+from tests.helpers import ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 
 STEPS = 300  # the default job's default: enough for >= 95 % held-out accuracy
 
@@ -123,3 +124,13 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     features, _ = digits.eval_data()
     np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
     assert_no_orphans(second)
+
+
+def test_readme_command_start_local_sh(tmp_path):
+    """The README's first command, as a user types it (the environment is already set up)."""
+    run_dir = tmp_path / "run"
+    argv = [str(ROOT / "deploy" / "start_local.sh"), "--steps", "20", "--run-dir", str(run_dir)]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps, done = metrics(run_dir)
+    assert len(steps) == 20 and all(s["aggregated"] == 2 for s in steps) and done is not None
