@@ -79,7 +79,6 @@ def test_worker_killed_training_goes_on_and_the_worker_rejoins(tmp_path, referen
     assert (run_dir / "logs" / "worker-1.log").read_text().count("registered with the control plane") == 2
     records, _ = metrics(run_dir)
     assert any(1 in r["workers"] for r in records[40:]), "the restarted worker contributes again"
-    assert any(r["workers"] == [0] for r in records), "the surviving worker supplied whole steps alone"
     assert_same_model(run_dir, references(steps), steps)
     assert_no_orphans(result)
 

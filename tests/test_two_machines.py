@@ -133,8 +133,8 @@ def test_training_across_two_hosts(tmp_path, reference):
     assert not any(n in listed for n in namespaces), "the test removes its namespaces"
 
 
-def cut_link(host, at_step: int, seconds: float, log: list):
-    """A `during` callback: take host's link down at `at_step` for `seconds`."""
+def cut_link(host, run_dir: Path, at_step: int, seconds: float, log: list):
+    """A `during` callback: take host's link down once `at_step` steps are logged, for `seconds`."""
 
     def during(steps_done: int) -> None:
         if not log and steps_done >= at_step:
@@ -142,17 +142,15 @@ def cut_link(host, at_step: int, seconds: float, log: list):
             log.append(("down", time.monotonic(), steps_done))
         elif len(log) == 1 and time.monotonic() - log[0][1] >= seconds:
             set_link(host, up=True)
-            log.append(("up", time.monotonic(), step_lines(host_run_dir[0])))
+            log.append(("up", time.monotonic(), step_lines(run_dir)))
 
-    host_run_dir: list[Path] = []
-    return during, host_run_dir
+    return during
 
 
 def test_short_network_cut_stalls_and_resumes(tmp_path, reference):
     with two_hosts(tag=1) as (a, b):
         log: list = []
-        during, run_dir_box = cut_link(b, at_step=30, seconds=3.0, log=log)
-        run_dir_box.append(tmp_path / "run")
+        during = cut_link(b, tmp_path / "run", at_step=30, seconds=3.0, log=log)
         run = run_two_hosts(tmp_path, a, b, steps=120, timeout=10, during=during)
     assert [event for event, *_ in log] == ["down", "up"], "the link was cut and restored mid-run"
     assert run.launcher_code == 0, run.launcher_output
@@ -163,8 +161,7 @@ def test_short_network_cut_stalls_and_resumes(tmp_path, reference):
 def test_long_network_cut_ends_with_error_and_a_checkpoint_to_resume(tmp_path, reference):
     with two_hosts(tag=2) as (a, b):
         log: list = []
-        during, run_dir_box = cut_link(b, at_step=30, seconds=8.0, log=log)
-        run_dir_box.append(tmp_path / "run")
+        during = cut_link(b, tmp_path / "run", at_step=30, seconds=8.0, log=log)
         cut = run_two_hosts(tmp_path, a, b, steps=120, timeout=3, during=during)
         assert cut.launcher_code == 1, cut.launcher_output
         assert f"pstrain: error: lost worker:1 at {b.address}:2222: no heartbeat for 3s" in cut.launcher_output
