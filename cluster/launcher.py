@@ -199,7 +199,7 @@ class Supervision:
                 self._restart_dead_servers(wait=False)
                 self._check_lost()
             time.sleep(0.1)
-        self.supervisor.stop(chief, grace_s=0)
+        self.supervisor.reap(chief)
         return exit_code(chief.process.returncode)
 
     def _restart_dead_servers(self, wait: bool) -> None:

@@ -69,36 +69,21 @@ class Supervisor:
 
     def restart(self, child: Child) -> Child:
         """Start the same task again (same plan, command and environment); the log continues."""
-        child.process.wait()
-        if child.pump:
-            child.pump.join(timeout=5)
+        self.reap(child)
         self.children.remove(child)
         new = self.start(child.plan, child.argv, child.echo, child.extra_env)
         new.restarts = child.restarts + 1
         return new
 
-    def first_dead(self, exclude: Child | None = None) -> Child | None:
-        for child in self.children:
-            if child is not exclude and child.process.poll() is not None:
-                return child
-        return None
-
-    def stop(self, child: Child, grace_s: float) -> None:
-        """SIGTERM, then SIGKILL after `grace_s`; always reaped."""
-        if child.process.poll() is None:
-            try:
-                child.process.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                child.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                child.process.kill()
+    @staticmethod
+    def reap(child: Child) -> None:
+        """Wait for an exited (or killed) task and the copy of its last output."""
         child.process.wait()
         if child.pump:
             child.pump.join(timeout=5)
 
     def stop_all(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every task, SIGKILL what is left after `grace_s`; all reaped."""
         for child in reversed(self.children):
             if child.process.poll() is None:
                 try:
@@ -111,9 +96,7 @@ class Supervisor:
                 child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.process.kill()
-                child.process.wait()
-            if child.pump:
-                child.pump.join(timeout=5)
+            self.reap(child)
 
 
 def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO) -> None:
