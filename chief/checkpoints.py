@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from chief.jobs import Job
 from chief.model_state import ModelState, build_state
+from chief.sharding import assign_full, read_full, shard_groups
 
 
 def state_variables(state: ModelState) -> list[tf.Variable]:
@@ -29,9 +30,11 @@ class Checkpoints:
         self.live = live
         self.mirror = live if local else build_state(job, weights, sample)
         live_vars, mirror_vars = state_variables(live), state_variables(self.mirror)
-        if [v.shape for v in live_vars] != [v.shape for v in mirror_vars]:
-            raise RuntimeError("the local checkpoint mirror does not match the training state")
-        self.pairs = list(zip(live_vars, mirror_vars, strict=True))
+        try:  # a variable sharded across ps tasks is one full-size variable in the mirror
+            groups = shard_groups([v.shape for v in live_vars], [v.shape for v in mirror_vars])
+        except ValueError as e:
+            raise RuntimeError(f"the local checkpoint mirror does not match the training state: {e}") from None
+        self.pairs = [([live_vars[i] for i in group], mirror) for group, mirror in zip(groups, mirror_vars, strict=True)]
         self.manager = tf.train.CheckpointManager(self.mirror.checkpoint(), str(directory), max_to_keep=3)
 
     @property
@@ -43,13 +46,17 @@ class Checkpoints:
         if self.latest:
             self.mirror.checkpoint().restore(self.latest).assert_existing_objects_matched()
             if self.mirror is not self.live:
-                for live, mirror in self.pairs:
-                    live.assign(mirror.read_value())
+                for shards, mirror in self.pairs:
+                    assign_full(shards, mirror.read_value())
         return int(self.live.global_step.numpy())
+
+    def weights(self) -> list[np.ndarray]:
+        """The model's full-size weights as of the last save or restore."""
+        return self.mirror.model.get_weights()
 
     def save(self, step: int) -> None:
         """Snapshot the training state (between steps) and write checkpoint `step`."""
         if self.mirror is not self.live:
-            for live, mirror in self.pairs:
-                mirror.assign(live.read_value())
+            for shards, mirror in self.pairs:
+                mirror.assign(read_full(shards))
         self.manager.save(checkpoint_number=step)

@@ -19,6 +19,7 @@ from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
 from chief.jobs import Job
 from chief.model_state import build_state, dense_gradients
+from chief.sharding import partitioner
 from cluster.config import TrainConfig
 
 
@@ -100,7 +101,8 @@ class ClusterEngine:
         self.train = train
         self.features, self.labels = data
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        self.strategy = tf.distribute.ParameterServerStrategy(resolver)
+        num_ps = resolver.cluster_spec().num_tasks("ps")
+        self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, weights, self.features[:1])

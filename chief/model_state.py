@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.jobs import Job
+from chief.sharding import assign_weights
 
 
 @dataclass
@@ -35,7 +36,7 @@ def build_state(job: Job, weights: list[np.ndarray], sample: np.ndarray) -> Mode
     """Model, optimizer (with its slots) and global step in the current (strategy) scope."""
     model = job.model_fn()
     model(sample, training=False)
-    model.set_weights(weights)
+    assign_weights(model.weights, weights)
     optimizer = job.optimizer_fn()
     create_optimizer_slots(optimizer, model.trainable_variables)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")

@@ -19,6 +19,7 @@ from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import checked_arrays, load_job
 from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
+from chief.sharding import placement_summary
 from cluster.agent import Report, agent_from_env
 from cluster.config import TrainConfig
 from cluster.supervisor import RESTARTABLE
@@ -70,6 +71,8 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
     agent = None if standalone else start_agent(stop)
     state = engine.state
+    if not standalone:
+        log.info("placement: %s", placement_summary(state.model.weights))
     checkpoints = Checkpoints(state, job, weights, sample, run_dir / "checkpoints", local=standalone)
     start = checkpoints.restore_latest()
     if start:
@@ -128,7 +131,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     wall = time.monotonic() - t_run
     if start < train.steps:
         checkpoints.save(train.steps)
-    final = local_model(job, state.model.get_weights(), sample)
+    final = local_model(job, checkpoints.weights(), sample)
     scores = evaluate(job, final, eval_set)
     export_saved_model(final, sample, run_dir / "saved_model")
     metrics.write(

@@ -91,6 +91,25 @@ def test_backup_workers_aggregate_exactly_the_required_number(tmp_path):
     assert_no_orphans(result)
 
 
+def test_two_ps_shard_variables_and_resume_to_the_standalone_model(tmp_path):
+    """With 2 ps the large dense kernel is split across both; a run stopped at a checkpoint and
+    resumed (restoring into the shards) still ends with the standalone run's model."""
+    run_dir, reference = tmp_path / "run", tmp_path / "reference"
+    common = ["--run-dir", str(run_dir), "--ps", "2", "--checkpoint-every", "20"]
+    first = run_pstrain(["launch", *common, "--steps", "40"])
+    assert first.returncode == 0, first.output
+    placement = next(line for line in (run_dir / "logs" / "chief-0.log").read_text().splitlines() if "placement:" in line)
+    assert "ps:0" in placement and "ps:1" in placement and "kernel (2 shards)" in placement, placement
+    second = run_pstrain(["launch", *common, "--steps", "60"])
+    assert second.returncode == 0, second.output
+    assert "steps 40..60" in second.output
+    standalone = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "60"])
+    assert standalone.returncode == 0, standalone.output
+    features, _ = digits.eval_data()
+    np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
+    assert_no_orphans(second)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     steps = 120
