@@ -19,6 +19,10 @@ def test_benchmark_command_runs_every_peer(tmp_path):
     result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]["1m"]
-    assert set(runs) == {*PEERS, "transfer"}
-    assert all(run[0]["step_s"] > 0 for run in runs.values())
+    assert set(runs) == {*PEERS, "transfer", "breakdown"}
+    assert all(run[0]["step_s"] > 0 for peer, run in runs.items() if peer != "breakdown")
+    phases = runs["breakdown"][0]["phases_s"]
+    assert list(phases) == ["dispatch", "pull", "compute", "push"]
+    assert abs(sum(phases.values()) - runs["breakdown"][0]["to_nth_s"]) < 1e-9
     assert "| pstrain sync, 2 workers |" in result.stdout and "× the limit" in result.stdout
+    assert "time to the N-th gradient by phase" in result.stdout

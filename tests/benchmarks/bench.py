@@ -179,16 +179,18 @@ def main() -> int:
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, first 3 excluded", flush=True)
     for size in sizes:
-        runs: dict[str, list[dict]] = {p: [] for p in peers + ["transfer"]}
+        probes = ["transfer", "breakdown"] if "pstrain" in peers else ["transfer"]
+        runs: dict[str, list[dict]] = {p: [] for p in peers + probes}
         for repeat in range(args.repeats):  # interleaved: every peer once per round
-            for peer in peers + ["transfer"]:
-                if peer == "transfer":
-                    r = peer_cluster("transfer", size, batch, args.steps)
+            for peer in peers + probes:
+                if peer in probes:
+                    r = peer_cluster(peer, size, batch, args.steps)
                     r.pop("first_step_wall", None)
                 else:
                     r = run_peer(peer, size, batch, args.steps)
                 runs[peer].append(r)
-                print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
+                what = f"{r['step_s'] * 1000:.1f} ms/step" if "step_s" in r else f"{r['to_nth_s'] * 1000:.1f} ms to N gradients"
+                print(f"  {size} round {repeat + 1} {peer}: {what}", flush=True)
         results["runs"][size] = runs
         print(table(size, runs, batch), flush=True)
     if args.scaling:
@@ -224,13 +226,20 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
         lines.append(
             f"| {label} | {step * 1000:.1f} | {batch / step:,.0f} | {step / base:.2f}× | {med(runs[peer], 'startup_s'):.1f} |"
         )
+    if "pstrain" not in runs:
+        return "\n".join(lines)
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     limit = med(runs["transfer"], "step_s")
     lines.append(
-        f"\npstrain step {base * 1000:.1f} ms = schedule {timing['schedule'] * 1000:.1f} + "
-        f"pull/compute/push/wait-for-N {timing['gradients'] * 1000:.1f} + apply {timing['apply'] * 1000:.1f}; "
-        f"transfer limit (the same {runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB over TF gRPC) {limit * 1000:.1f} ms "
-        f"→ step = {base / limit:.2f}× the limit"
+        f"\npstrain step {base * 1000:.1f} ms = schedule {timing['schedule'] * 1000:.1f} + first gradient "
+        f"{timing['first_gradient'] * 1000:.1f} + wait for the N-th {timing['wait_for_n'] * 1000:.1f} + apply "
+        f"{timing['apply'] * 1000:.1f}; transfer limit (the same {runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB "
+        f"over TF gRPC) {limit * 1000:.1f} ms → step = {base / limit:.2f}× the limit"
+    )
+    phases = {k: statistics.median(r["phases_s"][k] for r in runs["breakdown"]) for k in runs["breakdown"][0]["phases_s"]}
+    lines.append(
+        "time to the N-th gradient by phase (closure cut short after each): "
+        + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in phases.items())
     )
     return "\n".join(lines)
 

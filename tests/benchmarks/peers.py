@@ -5,7 +5,8 @@
 Roles: single (one process, no cluster), async (TF2 ParameterServerStrategy without a barrier:
 the coordinator, with TF_CONFIG), tf1 (SyncReplicasOptimizer between-graph replication: ps or
 worker, with TF_CONFIG), mwms (MultiWorkerMirroredStrategy worker, with TF_CONFIG), transfer (the
-same bytes as a pstrain step moved over TF's gRPC, no compute: the coordinator). The process that
+same bytes as a pstrain step moved over TF's gRPC, no compute: the coordinator), breakdown
+(pstrain's engine with its closure cut short after each phase: the coordinator). The process that
 measures prints one JSON line: {"step_s": median seconds per global step, ...}.
 """
 
@@ -204,7 +205,85 @@ def mwms(size: str, global_batch: int, steps: int) -> None:
         report(times)
 
 
-ROLES = {"single": single, "async": asynchronous, "transfer": transfer, "tf1": tf1_sync_replicas, "mwms": mwms}
+def breakdown(size: str, global_batch: int, steps: int) -> None:
+    """pstrain's own engine, its closure cut short at each phase, interleaved step by step: returning at
+    once (dispatch), after reading the parameters (pull), after the backward pass (compute), and the
+    real closure (push). Each phase is the difference of medians of the time to the N-th result."""
+    from chief.engines import ClusterEngine
+    from chief.jobs import load_job
+    from chief.model_state import dense_gradients, initial_weights
+    from cluster.config import TrainConfig
+    from tests.benchmarks.jobs import JOBS
+
+    job = load_job(JOBS[size])
+    data = job.train_data()
+    workers = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().num_tasks("worker")
+    train = TrainConfig(job=JOBS[size], global_batch_size=global_batch, replicas_to_aggregate=workers, total_num_replicas=workers)
+    engine = ClusterEngine(job, train, data, initial_weights(job, 0, data[0][:1]))
+    engine.prepare(0)
+    model, strategy, global_step = engine.state.model, engine.strategy, engine.state.global_step
+
+    def packed(value):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return tf.stack([tf.cast(worker, tf.float32), value * 0.0, 1.0])
+
+    @tf.function
+    def dispatch(iterator, step, slot, indices):
+        return packed(strategy.run(lambda: tf.constant(0.0)))
+
+    @tf.function
+    def pull(iterator, step, slot, indices):
+        return packed(strategy.run(lambda: tf.add_n([tf.reduce_sum(v) for v in model.trainable_variables])))
+
+    @tf.function
+    def compute(iterator, step, slot, indices):
+        features, labels = next(iterator)
+        x, y = tf.gather(features, indices), tf.gather(labels, indices)
+
+        def replica(x, y):
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                value = job.loss_fn(y, model(x, training=True))
+            grads = dense_gradients(tape.gradient(value, variables), variables)
+            return tf.add_n([tf.reduce_sum(g) for g in grads]) + value
+
+        return packed(strategy.run(replica, args=(x, y)))
+
+    @tf.function
+    def no_apply(step, chosen):
+        global_step.assign(step + 1)
+
+    # The engine's closure and apply, swapped per step (a probe: these are the engine's own functions).
+    variants = {
+        "dispatch": (dispatch, no_apply),
+        "pull": (pull, no_apply),
+        "compute": (compute, no_apply),
+        "push": (engine._worker_fn, engine._apply_fn),
+    }
+    to_nth: dict[str, list[float]] = {name: [] for name in variants}
+    step = 0
+    for _ in range(steps):
+        for name, (worker_fn, apply_fn) in variants.items():
+            engine._worker_fn, engine._apply_fn = worker_fn, apply_fn
+            timing = engine.step(step).timing
+            to_nth[name].append(timing["schedule"] + timing["first_gradient"] + timing["wait_for_n"])
+            step += 1
+    medians = {name: statistics.median(times[WARMUP:]) for name, times in to_nth.items()}
+    phases, before = {}, 0.0
+    for name, value in medians.items():
+        phases[name] = value - before
+        before = value
+    print(json.dumps({"phases_s": phases, "to_nth_s": medians["push"], "first_step_wall": time.time()}), flush=True)
+
+
+ROLES = {
+    "breakdown": breakdown,
+    "single": single,
+    "async": asynchronous,
+    "transfer": transfer,
+    "tf1": tf1_sync_replicas,
+    "mwms": mwms,
+}
 
 if __name__ == "__main__":
     role, size, global_batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
