@@ -31,23 +31,19 @@ def shard_groups(shard_shapes: Sequence[Sequence[int]], full_shapes: Sequence[Se
     ValueError when they cannot be matched.
     """
     groups, i = [], 0
-    for full in full_shapes:
-        full = tuple(full)
-        start, rows = i, 0
-        while i < len(shard_shapes):
-            shard = tuple(shard_shapes[i])
-            if shard == full and rows == 0:  # a whole (unsharded) variable
-                i += 1
-                rows = full[0] if full else 0
-                break
-            if not full or shard[1:] != full[1:] or rows + shard[0] > full[0]:
-                break
-            rows += shard[0]
+    for full in map(tuple, full_shapes):
+        start = i
+        if i < len(shard_shapes) and tuple(shard_shapes[i]) == full:  # a whole (unsharded) variable
             i += 1
-            if rows == full[0]:
-                break
-        if i == start or (full and rows != full[0]):
-            raise ValueError(f"no shards make up a variable of shape {list(full)} (shards from index {start})")
+        else:
+            rows = 0
+            while full and i < len(shard_shapes) and rows < full[0]:
+                shard = tuple(shard_shapes[i])
+                if not shard or shard[1:] != full[1:] or rows + shard[0] > full[0]:
+                    break
+                rows, i = rows + shard[0], i + 1
+            if not full or rows != full[0]:
+                raise ValueError(f"no shards make up a variable of shape {list(full)} (shards from index {start})")
         groups.append(range(start, i))
     if i != len(shard_shapes):
         raise ValueError(f"{len(shard_shapes) - i} shard(s) left over after matching {len(full_shapes)} variables")

@@ -91,18 +91,20 @@ def test_backup_workers_aggregate_exactly_the_required_number(tmp_path):
     assert_no_orphans(result)
 
 
-def test_two_ps_shard_variables_and_resume_to_the_standalone_model(tmp_path):
-    """With 2 ps the large dense kernel is split across both; a run stopped at a checkpoint and
-    resumed (restoring into the shards) still ends with the standalone run's model."""
+def test_resume_on_two_ps_shards_variables_and_matches_the_standalone_model(tmp_path):
+    """A run checkpointed with 1 ps and resumed with 2: the large dense kernel is then split across
+    both ps (restored from the full-size checkpoint into its shards, saved back from them), and the
+    run still ends with the standalone run's model."""
     run_dir, reference = tmp_path / "run", tmp_path / "reference"
-    common = ["--run-dir", str(run_dir), "--ps", "2", "--checkpoint-every", "20"]
-    first = run_pstrain(["launch", *common, "--steps", "40"])
+    common = ["--run-dir", str(run_dir), "--checkpoint-every", "20"]
+    first = run_pstrain(["launch", *common, "--ps", "1", "--steps", "40"])
     assert first.returncode == 0, first.output
-    placement = next(line for line in (run_dir / "logs" / "chief-0.log").read_text().splitlines() if "placement:" in line)
-    assert "ps:0" in placement and "ps:1" in placement and "kernel (2 shards)" in placement, placement
-    second = run_pstrain(["launch", *common, "--steps", "60"])
+    second = run_pstrain(["launch", *common, "--ps", "2", "--steps", "60"])
     assert second.returncode == 0, second.output
     assert "steps 40..60" in second.output
+    log = (run_dir / "logs" / "chief-0.log").read_text().splitlines()
+    placement = [line for line in log if "placement:" in line][-1]
+    assert "ps:0" in placement and "ps:1" in placement and "kernel (2 shards)" in placement, placement
     standalone = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "60"])
     assert standalone.returncode == 0, standalone.output
     features, _ = digits.eval_data()

@@ -26,6 +26,8 @@ def test_shards_stack_along_the_first_axis():
         ([(3, 2), (3, 2)], [(4, 2)]),  # rows overshoot
         ([(2, 2)], [(4, 2)]),  # too few rows
         ([(4, 2), (1,)], [(4, 2)]),  # a shard left over
+        ([(), (4,)], [(4,)]),  # a scalar where rows were expected
+        ([(4,)], [()]),  # rows where a scalar was expected
     ],
 )
 def test_mismatched_layouts_are_refused(shards, full):

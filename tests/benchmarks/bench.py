@@ -167,7 +167,7 @@ def machine() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1m,10m,50m")
+    parser.add_argument("--sizes", default="1m,10m,50m", help="comma-separated; empty for --scaling alone")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
@@ -175,7 +175,7 @@ def main() -> int:
     parser.add_argument("--scaling", action="store_true", help="also pstrain with 1, 2, 4, 8 workers and 1, 2 ps (10m)")
     parser.add_argument("--out", default="", help="write all results as JSON here")
     args = parser.parse_args()
-    sizes, peers, batch = args.sizes.split(","), args.peers.split(","), args.global_batch_size
+    sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, first 3 excluded", flush=True)
     for size in sizes:
