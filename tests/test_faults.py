@@ -84,12 +84,15 @@ def test_worker_killed_training_goes_on_and_the_worker_rejoins(tmp_path, referen
     assert_no_orphans(result)
 
 
-def test_ps_killed_cluster_restarts_it_and_recomputes_lost_steps(tmp_path, reference):
-    run_dir, killed = tmp_path / "run", []
-    result = run_pstrain(launch_args(run_dir), signal_when=kill_task_when(run_dir, "ps", 0, 40, killed), send=None)
+@pytest.mark.parametrize("num_ps", [1, 2], ids=["one-ps", "two-ps-sharded"])
+def test_ps_killed_cluster_restarts_it_and_recomputes_lost_steps(tmp_path, reference, num_ps):
+    """With 2 ps the last one is killed: it holds a shard of the dense kernel."""
+    run_dir, killed, victim = tmp_path / "run", [], num_ps - 1
+    args = [*launch_args(run_dir), "--ps", str(num_ps)]
+    result = run_pstrain(args, signal_when=kill_task_when(run_dir, "ps", victim, 40, killed), send=None)
     assert killed
     assert result.returncode == 0, result.output
-    assert "ps-0 exited with code 137; restarting" in result.output
+    assert f"ps-{victim} exited with code 137; restarting" in result.output
     assert "restarting the chief to resume from its checkpoint" in result.output
     assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text() or "steps 25.." in result.output
     assert_same_model(run_dir, reference)
