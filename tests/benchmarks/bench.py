@@ -111,34 +111,25 @@ def peer_single(size: str, batch: int, steps: int) -> dict:
 
 
 def peer_pstrain(size: str, batch: int, steps: int, workers: int = 2, ps: int = 1) -> dict:
-    tmp = tempfile.mkdtemp(prefix="pstrain-bench-")
-    if True:  # the run dir is kept when pstrain fails, for its logs
-        run_dir = Path(tmp) / "run"
-        argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
-        argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
-        t_launch = time.time()
-        result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-        if result.returncode:
-            raise RuntimeError(
-                f"pstrain failed (logs kept in {run_dir / 'logs'}): {result.stdout[-2000:]}{result.stderr[-2000:]}"
-            )
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        steps_ = [r for r in records if "step" in r]
-        measured = steps_[3:]
-        result = {
-            "step_s": statistics.median(r["seconds"] for r in measured),
-            "startup_s": first_step_wall(run_dir) - t_launch,
-            "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
-        }
-        shutil.rmtree(tmp, ignore_errors=True)
-        return result
-
-
-def first_step_wall(run_dir: Path) -> float:
-    """When the first step ended: the chief log's first progress line is written right after it."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    total = sum(r["seconds"] for r in records[1:] if "step" in r)
-    return (run_dir / "metrics.jsonl").stat().st_mtime - total
+    tmp = tempfile.mkdtemp(prefix="pstrain-bench-")  # kept when pstrain fails, for its logs
+    run_dir = Path(tmp) / "run"
+    argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
+    argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
+    t_launch = time.time()
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if run.returncode:
+        raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
+    metrics_file = run_dir / "metrics.jsonl"
+    steps_ = [r for r in map(json.loads, metrics_file.read_text().splitlines()) if "step" in r]
+    measured = steps_[3:]
+    result = {
+        "step_s": statistics.median(r["seconds"] for r in measured),
+        # From the file's last write, back over the steps after the first (pre-existing estimate).
+        "startup_s": metrics_file.stat().st_mtime - sum(r["seconds"] for r in steps_[1:]) - t_launch,
+        "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
+    }
+    shutil.rmtree(tmp, ignore_errors=True)
+    return result
 
 
 def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
