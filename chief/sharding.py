@@ -94,5 +94,5 @@ def placement_summary(variables: Sequence[tf.Variable]) -> str:
 
 def _task(device: str) -> str:
     """'/job:ps/replica:0/task:1/device:CPU:0' -> 'ps:1'."""
-    fields = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
-    return f"{fields.get('job', '?')}:{fields.get('task', '?')}"
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.job}:{spec.task}"
