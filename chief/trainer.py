@@ -114,6 +114,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
                 "stale_dropped": result.stale_dropped,
                 "workers": result.workers,
                 "seconds": round(seconds, 6),
+                "time": round(time.time(), 3),  # wall clock at the end of the step
                 **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
             }
         )

@@ -119,13 +119,11 @@ def peer_pstrain(size: str, batch: int, steps: int, workers: int = 2, ps: int = 
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     if run.returncode:
         raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
-    metrics_file = run_dir / "metrics.jsonl"
-    steps_ = [r for r in map(json.loads, metrics_file.read_text().splitlines()) if "step" in r]
+    steps_ = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "step" in r]
     measured = steps_[3:]
     result = {
         "step_s": statistics.median(r["seconds"] for r in measured),
-        # From the file's last write, back over the steps after the first (pre-existing estimate).
-        "startup_s": metrics_file.stat().st_mtime - sum(r["seconds"] for r in steps_[1:]) - t_launch,
+        "startup_s": steps_[0]["time"] - t_launch,
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
     }
     shutil.rmtree(tmp, ignore_errors=True)
