@@ -20,9 +20,9 @@ from chief.jobs import checked_arrays, load_job
 from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
-from cluster.agent import Report, agent_from_env
 from cluster.config import TrainConfig
-from cluster.supervisor import RESTARTABLE
+from cluster.control.agent import Report, agent_from_env
+from cluster.launch.supervisor import RESTARTABLE
 
 log = logging.getLogger("pstrain.chief")
 

@@ -16,8 +16,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
 from cluster.config import Config, ConfigError, load_toml, parse_address, resolve, with_train
+from cluster.control.security import Credentials, load_token
 from cluster.rundir import default_run_dir
-from cluster.security import Credentials, load_token
 
 TRAIN_FLAGS = (
     ("--job", str, "job module: package.module or package.module:attr"),
@@ -86,9 +86,9 @@ def control_call(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from cluster.control_plane import RPC_TIMEOUT_S, status_dict, stub
-    from cluster.proto import control_pb2 as pb
-    from cluster.status_table import format_status
+    from cluster.control.proto import control_pb2 as pb
+    from cluster.control.service import RPC_TIMEOUT_S, status_dict, stub
+    from cluster.control.status_table import format_status
 
     parse_address("--chief", args.chief)
     control = stub(args.chief, control_credentials(args))
@@ -111,7 +111,7 @@ def control_call(args: argparse.Namespace) -> int:
 def run_node_command(args: argparse.Namespace) -> int:
     import time
 
-    from cluster.node import node_cluster, run_node
+    from cluster.launch.node import node_cluster, run_node
 
     if bool(args.config) == bool(args.chief):
         raise ConfigError("pstrain node: give exactly one of --config FILE or --chief HOST:PORT")
@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)
-        from cluster.gpus import gpu_count
-        from cluster.launcher import launch
+        from cluster.launch.gpus import gpu_count
+        from cluster.launch.launcher import launch
 
         return launch(config_from_args(args, gpu_count=gpu_count()))
     except ConfigError as e:

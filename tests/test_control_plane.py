@@ -12,11 +12,11 @@ import grpc
 import psutil
 import pytest
 
-from cluster.control_plane import ControlPlane, serve, status_dict, status_message, stub
-from cluster.proto import control_pb2 as pb
-from cluster.proto.generate import generated_files
-from cluster.registry import Registry
-from cluster.security import Credentials
+from cluster.control.proto import control_pb2 as pb
+from cluster.control.proto.generate import generated_files
+from cluster.control.registry import Registry
+from cluster.control.security import Credentials
+from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -34,7 +34,7 @@ class Clock:
 
 def test_generated_code_matches_the_proto():
     for name, text in generated_files().items():
-        assert (ROOT / "cluster" / "proto" / name).read_text() == text, f"run python -m cluster.proto.generate ({name})"
+        assert (ROOT / "cluster" / "control" / "proto" / name).read_text() == text, f"run python -m cluster.control.proto.generate ({name})"
 
 
 def test_status_round_trips_through_protobuf():

@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from cluster.agent import Refused, agent_from_env
-from cluster.lifetime import die_with_parent
+from cluster.control.agent import Refused, agent_from_env
+from cluster.launch.lifetime import die_with_parent
 
 log = logging.getLogger("pstrain.server")
 

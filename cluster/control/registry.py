@@ -1,6 +1,6 @@
 """The chief's view of the cluster: who registered, who is alive, who is missing. Pure logic.
 
-The gRPC servicer (cluster/control_plane.py) is a thin shell around this; a clock is injected so
+The gRPC servicer (cluster/control/service.py) is a thin shell around this; a clock is injected so
 heartbeat timeouts are testable without sleeping.
 """
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from cluster.proto import control_pb2 as cluster_dot_proto_dot_control__pb2
+from cluster.control.proto import control_pb2 as cluster_dot_control_dot_proto_dot_control__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in cluster/proto/control_pb2_grpc.py depends on'
+        + ' but the generated code in cluster/control/proto/control_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class ControlPlaneStub:
         """
         self.Register = channel.unary_unary(
                 '/pstrain.control.v1.ControlPlane/Register',
-                request_serializer=cluster_dot_proto_dot_control__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=cluster_dot_proto_dot_control__pb2.RegisterReply.FromString,
+                request_serializer=cluster_dot_control_dot_proto_dot_control__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.RegisterReply.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/pstrain.control.v1.ControlPlane/Heartbeat',
-                request_serializer=cluster_dot_proto_dot_control__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=cluster_dot_proto_dot_control__pb2.HeartbeatReply.FromString,
+                request_serializer=cluster_dot_control_dot_proto_dot_control__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/pstrain.control.v1.ControlPlane/Status',
-                request_serializer=cluster_dot_proto_dot_control__pb2.StatusRequest.SerializeToString,
-                response_deserializer=cluster_dot_proto_dot_control__pb2.StatusReply.FromString,
+                request_serializer=cluster_dot_control_dot_proto_dot_control__pb2.StatusRequest.SerializeToString,
+                response_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.StatusReply.FromString,
                 _registered_method=True)
         self.Stop = channel.unary_unary(
                 '/pstrain.control.v1.ControlPlane/Stop',
-                request_serializer=cluster_dot_proto_dot_control__pb2.StopRequest.SerializeToString,
-                response_deserializer=cluster_dot_proto_dot_control__pb2.StopReply.FromString,
+                request_serializer=cluster_dot_control_dot_proto_dot_control__pb2.StopRequest.SerializeToString,
+                response_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.StopReply.FromString,
                 _registered_method=True)
         self.Assignment = channel.unary_unary(
                 '/pstrain.control.v1.ControlPlane/Assignment',
-                request_serializer=cluster_dot_proto_dot_control__pb2.AssignmentRequest.SerializeToString,
-                response_deserializer=cluster_dot_proto_dot_control__pb2.AssignmentReply.FromString,
+                request_serializer=cluster_dot_control_dot_proto_dot_control__pb2.AssignmentRequest.SerializeToString,
+                response_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.AssignmentReply.FromString,
                 _registered_method=True)
 
 
@@ -104,28 +104,28 @@ def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=cluster_dot_proto_dot_control__pb2.RegisterRequest.FromString,
-                    response_serializer=cluster_dot_proto_dot_control__pb2.RegisterReply.SerializeToString,
+                    request_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.RegisterRequest.FromString,
+                    response_serializer=cluster_dot_control_dot_proto_dot_control__pb2.RegisterReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=cluster_dot_proto_dot_control__pb2.HeartbeatRequest.FromString,
-                    response_serializer=cluster_dot_proto_dot_control__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.HeartbeatRequest.FromString,
+                    response_serializer=cluster_dot_control_dot_proto_dot_control__pb2.HeartbeatReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=cluster_dot_proto_dot_control__pb2.StatusRequest.FromString,
-                    response_serializer=cluster_dot_proto_dot_control__pb2.StatusReply.SerializeToString,
+                    request_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.StatusRequest.FromString,
+                    response_serializer=cluster_dot_control_dot_proto_dot_control__pb2.StatusReply.SerializeToString,
             ),
             'Stop': grpc.unary_unary_rpc_method_handler(
                     servicer.Stop,
-                    request_deserializer=cluster_dot_proto_dot_control__pb2.StopRequest.FromString,
-                    response_serializer=cluster_dot_proto_dot_control__pb2.StopReply.SerializeToString,
+                    request_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.StopRequest.FromString,
+                    response_serializer=cluster_dot_control_dot_proto_dot_control__pb2.StopReply.SerializeToString,
             ),
             'Assignment': grpc.unary_unary_rpc_method_handler(
                     servicer.Assignment,
-                    request_deserializer=cluster_dot_proto_dot_control__pb2.AssignmentRequest.FromString,
-                    response_serializer=cluster_dot_proto_dot_control__pb2.AssignmentReply.SerializeToString,
+                    request_deserializer=cluster_dot_control_dot_proto_dot_control__pb2.AssignmentRequest.FromString,
+                    response_serializer=cluster_dot_control_dot_proto_dot_control__pb2.AssignmentReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -153,8 +153,8 @@ class ControlPlane:
             request,
             target,
             '/pstrain.control.v1.ControlPlane/Register',
-            cluster_dot_proto_dot_control__pb2.RegisterRequest.SerializeToString,
-            cluster_dot_proto_dot_control__pb2.RegisterReply.FromString,
+            cluster_dot_control_dot_proto_dot_control__pb2.RegisterRequest.SerializeToString,
+            cluster_dot_control_dot_proto_dot_control__pb2.RegisterReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -180,8 +180,8 @@ class ControlPlane:
             request,
             target,
             '/pstrain.control.v1.ControlPlane/Heartbeat',
-            cluster_dot_proto_dot_control__pb2.HeartbeatRequest.SerializeToString,
-            cluster_dot_proto_dot_control__pb2.HeartbeatReply.FromString,
+            cluster_dot_control_dot_proto_dot_control__pb2.HeartbeatRequest.SerializeToString,
+            cluster_dot_control_dot_proto_dot_control__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -207,8 +207,8 @@ class ControlPlane:
             request,
             target,
             '/pstrain.control.v1.ControlPlane/Status',
-            cluster_dot_proto_dot_control__pb2.StatusRequest.SerializeToString,
-            cluster_dot_proto_dot_control__pb2.StatusReply.FromString,
+            cluster_dot_control_dot_proto_dot_control__pb2.StatusRequest.SerializeToString,
+            cluster_dot_control_dot_proto_dot_control__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -234,8 +234,8 @@ class ControlPlane:
             request,
             target,
             '/pstrain.control.v1.ControlPlane/Stop',
-            cluster_dot_proto_dot_control__pb2.StopRequest.SerializeToString,
-            cluster_dot_proto_dot_control__pb2.StopReply.FromString,
+            cluster_dot_control_dot_proto_dot_control__pb2.StopRequest.SerializeToString,
+            cluster_dot_control_dot_proto_dot_control__pb2.StopReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -261,8 +261,8 @@ class ControlPlane:
             request,
             target,
             '/pstrain.control.v1.ControlPlane/Assignment',
-            cluster_dot_proto_dot_control__pb2.AssignmentRequest.SerializeToString,
-            cluster_dot_proto_dot_control__pb2.AssignmentReply.FromString,
+            cluster_dot_control_dot_proto_dot_control__pb2.AssignmentRequest.SerializeToString,
+            cluster_dot_control_dot_proto_dot_control__pb2.AssignmentReply.FromString,
             options,
             channel_credentials,
             insecure,

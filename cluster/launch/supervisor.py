@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cluster.lifetime import PARENT_ENV
+from cluster.launch.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
 
 RESTARTABLE = 75  # the chief's exit code when a cluster task became unreachable (EX_TEMPFAIL)
@@ -48,7 +48,7 @@ class Supervisor:
         """Start a task; its output goes to logs/<type>-<index>.log (and to `echo` if given)."""
         log_path = self.log_dir / f"{plan.name}.log"
         log_file = open(log_path, "ab")
-        # The task arms "die with parent" itself (cluster/lifetime.py), so no task outlives us.
+        # The task arms "die with parent" itself (cluster/launch/lifetime.py), so no task outlives us.
         env = {**os.environ, **plan.env, **(extra_env or {}), PARENT_ENV: str(os.getpid())}
         process = subprocess.Popen(
             argv,

@@ -8,10 +8,10 @@ from concurrent import futures
 
 import grpc
 
-from cluster.proto import control_pb2 as pb
-from cluster.proto import control_pb2_grpc as pb_grpc
-from cluster.registry import Registry
-from cluster.security import Credentials, TokenInterceptor, channel, server_credentials
+from cluster.control.proto import control_pb2 as pb
+from cluster.control.proto import control_pb2_grpc as pb_grpc
+from cluster.control.registry import Registry
+from cluster.control.security import Credentials, TokenInterceptor, channel, server_credentials
 
 RPC_TIMEOUT_S = 5.0
 

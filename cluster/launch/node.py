@@ -16,13 +16,13 @@ from pathlib import Path
 import grpc
 
 from cluster.config import ClusterConfig, ConfigError, is_local_host, parse_address
-from cluster.control_plane import RPC_TIMEOUT_S, stub
-from cluster.hosts import local_addresses
-from cluster.launcher import control_env
+from cluster.control.proto import control_pb2 as pb
+from cluster.control.security import Credentials
+from cluster.control.service import RPC_TIMEOUT_S, stub
+from cluster.launch.hosts import local_addresses
+from cluster.launch.launcher import control_env
+from cluster.launch.supervisor import Supervisor, exit_code, python_module
 from cluster.plan import plan_task
-from cluster.proto import control_pb2 as pb
-from cluster.security import Credentials
-from cluster.supervisor import Supervisor, exit_code, python_module
 
 
 def tasks_from_config(cluster: ClusterConfig, local: frozenset[str]) -> list[tuple[str, int]]:

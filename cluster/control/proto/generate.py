@@ -1,6 +1,6 @@
 """Regenerate control_pb2*.py from control.proto (checked in; a test checks they are current).
 
-Run: python -m cluster.proto.generate
+Run: python -m cluster.control.proto.generate
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PROTO = "cluster/proto/control.proto"
+ROOT = Path(__file__).resolve().parents[3]
+PROTO = "cluster/control/proto/control.proto"
 OUTPUTS = ("control_pb2.py", "control_pb2.pyi", "control_pb2_grpc.py")
 
 
@@ -26,10 +26,10 @@ def generate(out_dir: Path) -> None:
 def generated_files() -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        return {name: (Path(tmp) / "cluster" / "proto" / name).read_text() for name in OUTPUTS}
+        return {name: (Path(tmp) / "cluster" / "control" / "proto" / name).read_text() for name in OUTPUTS}
 
 
 if __name__ == "__main__":
     for name, text in generated_files().items():
-        (ROOT / "cluster" / "proto" / name).write_text(text)
+        (ROOT / "cluster" / "control" / "proto" / name).write_text(text)
     sys.exit(0)

@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 from cluster import rundir
-from cluster.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
-from cluster.control_plane import ControlPlane, serve
-from cluster.hosts import local_addresses
+from cluster.control.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
+from cluster.control.registry import Registry
+from cluster.control.security import Credentials, load_token
+from cluster.control.service import ControlPlane, serve
+from cluster.launch.hosts import local_addresses
+from cluster.launch.ports import assign_ports
+from cluster.launch.supervisor import RESTARTABLE, Child, Supervisor, exit_code, python_module
 from cluster.plan import cluster_spec, plan_servers, plan_task
-from cluster.ports import assign_ports
-from cluster.registry import Registry
-from cluster.security import Credentials, load_token
-from cluster.supervisor import RESTARTABLE, Child, Supervisor, exit_code, python_module
 from cluster.versions import local_versions
 
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import grpc
 import psutil
 
-from cluster.control_plane import RPC_TIMEOUT_S, stub
-from cluster.proto import control_pb2 as pb
-from cluster.security import TOKEN_ENV, Credentials
+from cluster.control.proto import control_pb2 as pb
+from cluster.control.security import TOKEN_ENV, Credentials
+from cluster.control.service import RPC_TIMEOUT_S, stub
 from cluster.versions import local_versions
 
 log = logging.getLogger("pstrain.agent")

@@ -1,0 +1,1 @@
+"""Processes: the launcher, its supervisor, `pstrain node`, and the machine facts they need (ports, hosts, GPUs)."""
