@@ -22,13 +22,9 @@ from chief.model_state import initial_weights
 from chief.sharding import placement_summary
 from cluster.config import TrainConfig
 from cluster.control.agent import Report, agent_from_env
-from cluster.launch.supervisor import RESTARTABLE
+from cluster.errors import EXIT_RESTARTABLE, TrainingError
 
 log = logging.getLogger("pstrain.chief")
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a NaN loss, say); the message says at which step and why."""
 
 
 class StopRequested:
@@ -186,7 +182,7 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             "run the same command again to resume from the last checkpoint",
             file=sys.stderr,
         )
-        return RESTARTABLE
+        return EXIT_RESTARTABLE
     except Exception as e:  # a job that raises: one line here, the traceback in the log dir
         trace = run_dir / "logs" / "chief-0.traceback"
         trace.parent.mkdir(parents=True, exist_ok=True)

@@ -12,13 +12,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from cluster.errors import ConfigError
+
+__all__ = ["ConfigError"]  # re-exported: the config's own error
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_JOB = "chief.jobs.digits"
 AUTO = "auto"
-
-
-class ConfigError(ValueError):
-    """A user mistake in the config or flags; the message is shown as is, without a traceback."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ class Clock:
 
 def test_generated_code_matches_the_proto():
     for name, text in generated_files().items():
-        assert (ROOT / "cluster" / "control" / "proto" / name).read_text() == text, f"run python -m cluster.control.proto.generate ({name})"
+        assert (ROOT / "cluster" / "control" / "proto" / name).read_text() == text, (
+            f"run python -m cluster.control.proto.generate ({name})"
+        )
 
 
 def test_status_round_trips_through_protobuf():

@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from cluster.errors import ConfigError
+
 REQUIRED = ("model_fn", "loss_fn", "optimizer_fn", "train_data")
 
 
-class JobError(ValueError):
+class JobError(ConfigError):
     """A job that cannot be used; the message says what is wrong and how to fix it."""
 
 

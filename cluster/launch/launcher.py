@@ -15,9 +15,10 @@ from cluster.control.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlPlane, serve
+from cluster.errors import EXIT_RESTARTABLE, returncode_exit_code
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
-from cluster.launch.supervisor import RESTARTABLE, Child, Supervisor, exit_code, python_module
+from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.plan import cluster_spec, plan_servers, plan_task
 from cluster.versions import local_versions
 
@@ -60,7 +61,7 @@ def assignment_for(cluster: ClusterConfig, registry: Registry):
 
 def describe_not_ready(child: Child) -> str:
     code = child.process.poll()
-    state = "not registered" if code is None else f"exited with code {exit_code(code)}"
+    state = "not registered" if code is None else f"exited with code {returncode_exit_code(code)}"
     return f"{child.name} at {child.plan.address} ({state}; see {child.log_path})"
 
 
@@ -170,7 +171,7 @@ class Supervision:
                 return 1
             if self.stop_signal:
                 return 128 + self.stop_signal[0] if code else 0
-            if code != RESTARTABLE or chief.restarts >= self.cluster.max_restarts:
+            if code != EXIT_RESTARTABLE or chief.restarts >= self.cluster.max_restarts:
                 return code
             self._restart_dead_servers(wait=True)
             failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop_signal)
@@ -200,7 +201,7 @@ class Supervision:
                 self._check_lost()
             time.sleep(0.1)
         self.supervisor.reap(chief)
-        return exit_code(chief.process.returncode)
+        return returncode_exit_code(chief.process.returncode)
 
     def _restart_dead_servers(self, wait: bool) -> None:
         for child in self._servers():
@@ -210,11 +211,13 @@ class Supervision:
             if child.restarts >= self.cluster.max_restarts:
                 if not self.failure:
                     times = f"{child.restarts + 1} times"
-                    self.failure = f"{child.name} exited with code {exit_code(code)} {times}; giving up (see {child.log_path})"
+                    self.failure = (
+                        f"{child.name} exited with code {returncode_exit_code(code)} {times}; giving up (see {child.log_path})"
+                    )
                 continue
             delay = min(2.0**child.restarts, 8.0)
             print(
-                f"pstrain: {child.name} exited with code {exit_code(code)}; restarting in {delay:g}s "
+                f"pstrain: {child.name} exited with code {returncode_exit_code(code)}; restarting in {delay:g}s "
                 f"({child.restarts + 1}/{self.cluster.max_restarts}, see {child.log_path})",
                 file=sys.stderr,
                 flush=True,

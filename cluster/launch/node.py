@@ -19,9 +19,10 @@ from cluster.config import ClusterConfig, ConfigError, is_local_host, parse_addr
 from cluster.control.proto import control_pb2 as pb
 from cluster.control.security import Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
+from cluster.errors import returncode_exit_code
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import control_env
-from cluster.launch.supervisor import Supervisor, exit_code, python_module
+from cluster.launch.supervisor import Supervisor, python_module
 from cluster.plan import plan_task
 
 
@@ -82,7 +83,7 @@ def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], creds: Creden
             time.sleep(0.2)
         if stop:
             return 128 + stop[0]
-        codes = [exit_code(c.process.returncode) for c in children]
+        codes = [returncode_exit_code(c.process.returncode) for c in children]
         for child, code in zip(children, codes, strict=True):
             print(f"pstrain node: {child.name} exited with code {code} (see {child.log_path})", flush=True)
         return next((c for c in codes if c), 0)

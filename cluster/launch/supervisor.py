@@ -15,8 +15,6 @@ from typing import BinaryIO
 from cluster.launch.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
 
-RESTARTABLE = 75  # the chief's exit code when a cluster task became unreachable (EX_TEMPFAIL)
-
 
 @dataclass
 class Child:
@@ -32,11 +30,6 @@ class Child:
     @property
     def name(self) -> str:
         return self.plan.name
-
-
-def exit_code(returncode: int) -> int:
-    """Popen's -N for "killed by signal N" as a shell would report it."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class Supervisor:
