@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -18,7 +19,7 @@ import tensorflow as tf
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
 from chief.jobs import Job
-from chief.model_state import build_state, dense_gradients
+from chief.model_state import ModelState, build_state, dense_gradients
 from chief.sharding import partitioner
 from cluster.config import TrainConfig
 
@@ -41,8 +42,39 @@ class StepResult:
     applied: bool = True  # False when the loss was not finite: the update was withheld
 
 
+class Engine(Protocol):
+    """How the training loop drives one way of running synchronous steps.
+
+    Calls go in this order: construct -> `prepare(first_step)` once -> `step(k)` for k = first_step,
+    first_step + 1, ... -> `close()` once. `state` (model, optimizer, global step) exists from
+    construction on, so a checkpoint can be restored into it before `prepare`.
+
+    After `step(k)` returns, step k was applied exactly once from `replicas_to_aggregate` gradients
+    (or, with `applied=False`, withheld because its loss was not finite: nothing changed). After it
+    raises `StepInterrupted`, nothing of step k was applied and the state is that after step k-1, so a
+    checkpoint taken then resumes exactly. After any other exception the engine is unusable: the
+    caller reports the error and exits, and a restarted chief resumes from the latest checkpoint.
+    """
+
+    state: ModelState
+
+    def prepare(self, first_step: int) -> None:
+        """Set up what depends on where the run starts (accumulators at `first_step`, per-worker data)."""
+
+    def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
+        """Run step `step`. `interrupted` is polled while waiting for gradients; when it turns true the
+        step is abandoned with StepInterrupted. An engine that never waits may ignore it."""
+
+    def close(self) -> int:
+        """End the run; returns how many more surplus (backup) gradients were dropped since the last step."""
+
+
 class LocalEngine:
-    """One process, no cluster: the reference every cluster run must match."""
+    """One process, no cluster: the reference every cluster run must match.
+
+    Fulfils `Engine`: nothing to prepare (the whole step is one traced function), `step` never waits
+    so it ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
+    """
 
     def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
         self.train = train

@@ -1,45 +1,44 @@
-"""The training loop shared by cluster and standalone runs: resume, steps, checkpoints, export."""
+"""The training loop shared by cluster and standalone runs: resume, steps, checkpoints, export.
+
+run = TrainingRun.start(...)           # job, engine, control-plane agent, restore, banner
+for step in range(run.first_step, train.steps):
+    result = engine.step(step)         # one synchronous update (N gradients applied)
+    run.record(step, result)           # metrics.jsonl, progress, heartbeat report
+    run.maybe_checkpoint(step + 1)
+    if stop requested: checkpoint and exit 128+N
+run.finish()                           # final checkpoint, evaluation, SavedModel, done line
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
-from chief.engines import ClusterEngine, LocalEngine, StepInterrupted
+from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
 from chief.export import evaluate, export_saved_model, local_model
-from chief.jobs import checked_arrays, load_job
+from chief.jobs import Job, checked_arrays, load_job
 from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
 from cluster.config import TrainConfig
-from cluster.control.agent import Report, agent_from_env
-from cluster.errors import EXIT_RESTARTABLE, TrainingError
+from cluster.control.agent import Agent, Report, agent_from_env
+from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError, TrainingError
+from cluster.stop import StopTrap
 
 log = logging.getLogger("pstrain.chief")
 
 
-class StopRequested:
-    """SIGTERM/SIGINT (or the control plane) ask for a checkpoint at the next step, then a clean exit."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame):
-        self.signal = signum
-
-
-def start_agent(stop: StopRequested):
+def start_agent(stop: StopTrap) -> Agent | None:
     """Register the chief with the control plane (when the launcher runs one) and heartbeat."""
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     agent = agent_from_env("chief", 0, cluster.get("chief", [""])[0])
@@ -49,60 +48,84 @@ def start_agent(stop: StopRequested):
 
     def on_stop(reason: str, _lost: bool) -> None:
         log.info("stopping: %s", reason)
-        stop.signal = signal.SIGTERM
+        stop.request()
 
     agent.start(on_stop)
     return agent
 
 
-def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
-    """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
-    stop = StopRequested()
-    job = load_job(train.job)
-    data = checked_arrays(job.spec, "train_data", job.train_data())
-    eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
-    sample = data[0][:1]
-    weights = initial_weights(job, train.seed, sample)
+@dataclass
+class TrainingRun:
+    """Everything one run of the loop needs, and the bookkeeping between steps."""
 
-    engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
-    agent = None if standalone else start_agent(stop)
-    state = engine.state
-    if not standalone:
-        log.info("placement: %s", placement_summary(state.model.weights))
-    checkpoints = Checkpoints(state, job, weights, sample, run_dir / "checkpoints", local=standalone)
-    start = checkpoints.restore_latest()
-    if start:
-        log.info("resumed from %s at step %d", checkpoints.latest, start)
-    engine.prepare(start)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
-    progress = Progress(train.steps, start, tty=os.environ.get("PSTRAIN_TTY") == "1")
-    progress.message(
-        f"pstrain: {'standalone' if standalone else 'cluster'} run of {job.spec}, steps {start}..{train.steps}, "
-        f"global batch {train.global_batch_size} = {train.replicas_to_aggregate} x {train.slot_batch_size}"
-        + (
-            f", {train.total_num_replicas - train.replicas_to_aggregate} backup"
-            if train.total_num_replicas > train.replicas_to_aggregate
-            else ""
+    run_dir: Path
+    train: TrainConfig
+    job: Job
+    engine: Engine
+    checkpoints: Checkpoints
+    metrics: MetricsLog
+    progress: Progress
+    agent: Agent | None
+    eval_set: tuple[np.ndarray, np.ndarray]
+    sample: np.ndarray
+    first_step: int
+    started: float = field(default_factory=time.monotonic)
+    stale_total: int = 0
+    gradients_by_worker: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
+        """Load the job, build the engine from the seed's initial weights, restore the latest checkpoint."""
+        job = load_job(train.job)
+        data = checked_arrays(job.spec, "train_data", job.train_data())
+        eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
+        sample = data[0][:1]
+        weights = initial_weights(job, train.seed, sample)
+        engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
+        agent = None if standalone else start_agent(stop)
+        if not standalone:
+            log.info("placement: %s", placement_summary(engine.state.model.weights))
+        checkpoints = Checkpoints(engine.state, job, weights, sample, run_dir / "checkpoints", local=standalone)
+        first = checkpoints.restore_latest()
+        if first:
+            log.info("resumed from %s at step %d", checkpoints.latest, first)
+        engine.prepare(first)
+        progress = Progress(train.steps, first, tty=os.environ.get("PSTRAIN_TTY") == "1")
+        run = cls(
+            run_dir,
+            train,
+            job,
+            engine,
+            checkpoints,
+            MetricsLog(run_dir / "metrics.jsonl", first),
+            progress,
+            agent,
+            eval_set,
+            sample,
+            first,
         )
-    )
-    t_run = time.monotonic()
-    stale_total = 0
-    gradients_by_worker: dict[int, int] = {}
-    for step in range(start, train.steps):
-        t0 = time.monotonic()
-        try:
-            result = engine.step(step, interrupted=lambda: stop.signal is not None)
-        except StepInterrupted:
-            return stop_with_checkpoint(checkpoints, step, stop, progress, metrics)
-        seconds = time.monotonic() - t0
-        stale_total += result.stale_dropped
+        progress.message(run.banner(standalone))
+        return run
+
+    def banner(self, standalone: bool) -> str:
+        t = self.train
+        backups = t.total_num_replicas - t.replicas_to_aggregate
+        return (
+            f"pstrain: {'standalone' if standalone else 'cluster'} run of {self.job.spec}, steps {self.first_step}..{t.steps}, "
+            f"global batch {t.global_batch_size} = {t.replicas_to_aggregate} x {t.slot_batch_size}"
+            + (f", {backups} backup" if backups else "")
+        )
+
+    def record(self, step: int, result: StepResult, seconds: float) -> None:
+        """Log an applied step; a withheld (non-finite) step is checkpointed before it and ends the run."""
+        self.stale_total += result.stale_dropped
         if not result.applied:
-            checkpoints.save(step)  # the state before the bad step; its update was withheld
+            self.checkpoints.save(step)  # the state before the bad step; its update was withheld
             raise TrainingError(
                 f"step {step}: loss is {result.loss}; stopped without applying it, checkpoint at step {step} "
                 "(lower the learning rate or check the data)"
             )
-        metrics.write(
+        self.metrics.write(
             {
                 "step": step,
                 "loss": result.loss,
@@ -114,44 +137,58 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
                 **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
             }
         )
-        progress.update(step, result.loss, train.global_batch_size / max(seconds, 1e-9), result.aggregated)
+        self.progress.update(step, result.loss, self.train.global_batch_size / max(seconds, 1e-9), result.aggregated)
         for worker in result.workers:
-            gradients_by_worker[worker] = gradients_by_worker.get(worker, 0) + 1
-        if agent:
-            agent.report = Report("training", step + 1, dict(gradients_by_worker))
-        done = step + 1
-        if train.checkpoint_every and done % train.checkpoint_every == 0 and done < train.steps:
-            checkpoints.save(done)
-        if stop.signal is not None:
-            return stop_with_checkpoint(checkpoints, done, stop, progress, metrics)
-    stale_total += engine.close()
-    wall = time.monotonic() - t_run
-    if start < train.steps:
-        checkpoints.save(train.steps)
-    final = local_model(job, checkpoints.weights(), sample)
-    scores = evaluate(job, final, eval_set)
-    export_saved_model(final, sample, run_dir / "saved_model")
-    metrics.write(
-        {"event": "done", "steps": train.steps, **scores, "stale_dropped_total": stale_total, "wall_seconds": round(wall, 3)}
-    )
-    metrics.close()
-    progress.message(
-        f"pstrain: done in {wall:.1f}s; "
-        + ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
-        + f"; saved model in {run_dir / 'saved_model'}"
-    )
-    return 0
+            self.gradients_by_worker[worker] = self.gradients_by_worker.get(worker, 0) + 1
+        if self.agent:
+            self.agent.report = Report("training", step + 1, dict(self.gradients_by_worker))
+
+    def maybe_checkpoint(self, done: int) -> None:
+        every = self.train.checkpoint_every
+        if every and done % every == 0 and done < self.train.steps:
+            self.checkpoints.save(done)
+
+    def stop_with_checkpoint(self, done: int, stop: StopTrap) -> int:
+        """Save the state after `done` applied steps; exit as the stop signal asks."""
+        self.checkpoints.save(done)
+        self.progress.message(
+            f"pstrain: stopped by {stop.name} after step {done}; checkpoint saved, run the same command to resume"
+        )
+        self.metrics.close()
+        return stop.exit_code
+
+    def finish(self) -> int:
+        """Final checkpoint, evaluation of the trained weights, SavedModel export, the done line."""
+        self.stale_total += self.engine.close()
+        wall = time.monotonic() - self.started
+        if self.first_step < self.train.steps:
+            self.checkpoints.save(self.train.steps)
+        final = local_model(self.job, self.checkpoints.weights(), self.sample)
+        scores = evaluate(self.job, final, self.eval_set)
+        export_saved_model(final, self.sample, self.run_dir / "saved_model")
+        done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
+        self.metrics.write({**done, "wall_seconds": round(wall, 3)})
+        self.metrics.close()
+        summary = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
+        self.progress.message(f"pstrain: done in {wall:.1f}s; {summary}; saved model in {self.run_dir / 'saved_model'}")
+        return EXIT_OK
 
 
-def stop_with_checkpoint(
-    checkpoints: Checkpoints, step: int, stop: StopRequested, progress: Progress, metrics: MetricsLog
-) -> int:
-    """Save the state after `step` applied steps and exit as the stop signal asks."""
-    checkpoints.save(step)
-    name = signal.Signals(stop.signal).name
-    progress.message(f"pstrain: stopped by {name} after step {step}; checkpoint saved, run the same command to resume")
-    metrics.close()
-    return 128 + stop.signal
+def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
+    """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
+    with StopTrap() as stop:
+        run = TrainingRun.start(run_dir, train, standalone, stop)
+        for step in range(run.first_step, train.steps):
+            t0 = time.monotonic()
+            try:
+                result = run.engine.step(step, interrupted=lambda: stop.requested)
+            except StepInterrupted:
+                return run.stop_with_checkpoint(step, stop)
+            run.record(step, result, time.monotonic() - t0)
+            run.maybe_checkpoint(step + 1)
+            if stop.requested:
+                return run.stop_with_checkpoint(step + 1, stop)
+        return run.finish()
 
 
 def last_line(message: str) -> str:
@@ -161,31 +198,24 @@ def last_line(message: str) -> str:
 
 
 def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
-    """Run, turning user mistakes and training errors into one-line messages."""
-    from chief.jobs import JobError
-
+    """Run, turning user mistakes and training errors into one-line messages and exit codes."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     log.setLevel(logging.INFO)
     tf.get_logger().setLevel(logging.WARNING)
     try:
-        return run(run_dir, train, standalone)
-    except JobError as e:
+        try:
+            return run(run_dir, train, standalone)
+        except tf.errors.UnavailableError as e:
+            first = e.message.splitlines()[0] if e.message else "unavailable"
+            raise RestartableError(
+                f"a cluster task became unreachable ({first}); run the same command again to resume from the last checkpoint"
+            ) from None
+    except PstrainError as e:
         print(f"pstrain: error: {e}", file=sys.stderr)
-        return 2
-    except TrainingError as e:
-        print(f"pstrain: error: {e}", file=sys.stderr)
-        return 1
-    except tf.errors.UnavailableError as e:
-        first = e.message.splitlines()[0] if e.message else "unavailable"
-        print(
-            f"pstrain: error: a cluster task became unreachable ({first}); "
-            "run the same command again to resume from the last checkpoint",
-            file=sys.stderr,
-        )
-        return EXIT_RESTARTABLE
+        return e.exit_code
     except Exception as e:  # a job that raises: one line here, the traceback in the log dir
         trace = run_dir / "logs" / "chief-0.traceback"
         trace.parent.mkdir(parents=True, exist_ok=True)
         trace.write_text(traceback.format_exc())
         print(f"pstrain: error: {type(e).__name__}: {last_line(str(e))} (traceback in {trace})", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE

@@ -15,8 +15,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
-from cluster.config import Config, ConfigError, load_toml, parse_address, resolve, with_train
+from cluster.config import Config, load_toml, parse_address, resolve, with_train
 from cluster.control.security import Credentials, load_token
+from cluster.errors import ConfigError, PstrainError
 from cluster.rundir import default_run_dir
 
 TRAIN_FLAGS = (
@@ -150,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # jobs in the working directory import, as under `python -m`
-    if args.command == "server":
-        from worker.server import serve
-
-        return serve()
     try:
+        if args.command == "server":
+            from worker.server import serve
+
+            return serve()
         if args.command in ("status", "stop"):
             return control_call(args)
         if args.command == "node":
@@ -166,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.launch.launcher import launch
 
         return launch(config_from_args(args, gpu_count=gpu_count()))
-    except ConfigError as e:
+    except PstrainError as e:
         print(f"pstrain: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
 
 
 def run_standalone(config: Config) -> int:

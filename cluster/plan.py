@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from cluster.config import ClusterConfig
+from cluster.task import TaskId
 
 # Every task: fail fast on unreachable peers so ClusterCoordinator can retry (TF's PS tutorial),
 # legacy Keras (Keras 3 has no ParameterServerStrategy), unbuffered logs.
@@ -21,14 +22,9 @@ COMMON_ENV = {
 class TaskPlan:
     """One process of the cluster: its role, its address and the environment it starts with."""
 
-    type: str  # "chief", "ps" or "worker"
-    index: int
+    task: TaskId
     address: str
     env: dict[str, str]
-
-    @property
-    def name(self) -> str:
-        return f"{self.type}-{self.index}"
 
 
 def cluster_spec(cluster: ClusterConfig) -> dict[str, list[str]]:
@@ -53,7 +49,7 @@ def plan_task(cluster: ClusterConfig, task_type: str, index: int) -> TaskPlan:
     env = dict(COMMON_ENV)
     env["TF_CONFIG"] = tf_config(cluster, task_type, index)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(cluster, task_type, index)
-    return TaskPlan(type=task_type, index=index, address=address, env=env)
+    return TaskPlan(task=TaskId(task_type, index), address=address, env=env)
 
 
 def plan_servers(cluster: ClusterConfig) -> list[TaskPlan]:

@@ -84,7 +84,7 @@ def test_tf_config_and_env_per_task():
     spec = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
     assert json.loads(tf_config(cluster, "worker", 1)) == {"cluster": spec, "task": {"type": "worker", "index": 1}}
     servers = plan_servers(cluster)
-    assert [p.name for p in servers] == ["ps-0", "worker-0", "worker-1"]
+    assert [p.task.log_name for p in servers] == ["ps-0", "worker-0", "worker-1"]
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in servers] == ["", "1", "0"]
     chief = plan_task(cluster, "chief", 0)
     assert chief.env["CUDA_VISIBLE_DEVICES"] == "" and chief.address == "h:1"

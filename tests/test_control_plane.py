@@ -69,7 +69,11 @@ def test_unknown_slot_and_missing_tasks():
     accepted, reason = registry.register(("worker", 5), "a", "h:9", 1, VERSIONS, [])
     assert not accepted and reason.startswith("worker:5 is not in this cluster (2 worker tasks)")
     registry.register(("ps", 0), "a", "h:2", 1, VERSIONS, [])
-    assert registry.missing() == [("chief:0", "h:1"), ("worker:0", "h:3"), ("worker:1", "h:4")]
+    assert [(str(task), address) for task, address in registry.missing()] == [
+        ("chief:0", "h:1"),
+        ("worker:0", "h:3"),
+        ("worker:1", "h:4"),
+    ]
 
 
 def test_silent_task_is_lost_and_chief_reports_progress():

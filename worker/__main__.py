@@ -1,3 +1,3 @@
-from worker.server import serve
+from worker.server import main
 
-raise SystemExit(serve())
+raise SystemExit(main())

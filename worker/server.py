@@ -9,6 +9,7 @@ import signal
 import sys
 
 from cluster.control.agent import Refused, agent_from_env
+from cluster.errors import ConfigError, PstrainError
 from cluster.launch.lifetime import die_with_parent
 
 log = logging.getLogger("pstrain.server")
@@ -18,19 +19,19 @@ def task_from_env() -> tuple[dict, str, int]:
     """(cluster spec, task type, task index) from TF_CONFIG, with one-line errors."""
     raw = os.environ.get("TF_CONFIG")
     if not raw:
-        raise SystemExit("pstrain server: TF_CONFIG is not set; the launcher sets it, or set it as TFJob does")
+        raise ConfigError("pstrain server: TF_CONFIG is not set; the launcher sets it, or set it as TFJob does")
     try:
         config = json.loads(raw)
         cluster, task = config["cluster"], config["task"]
         task_type, index = task["type"], int(task["index"])
     except (ValueError, KeyError, TypeError) as e:
-        raise SystemExit(
+        raise ConfigError(
             f"pstrain server: TF_CONFIG is invalid ({e!r}); expect {{cluster: ..., task: {{type, index}}}}"
         ) from None
     if task_type not in ("worker", "ps"):
-        raise SystemExit(f"pstrain server: TF_CONFIG task type {task_type!r} is not 'worker' or 'ps'")
+        raise ConfigError(f"pstrain server: TF_CONFIG task type {task_type!r} is not 'worker' or 'ps'")
     if index >= len(cluster.get(task_type, [])):
-        raise SystemExit(f"pstrain server: TF_CONFIG task {task_type}:{index} is missing from its cluster")
+        raise ConfigError(f"pstrain server: TF_CONFIG task {task_type}:{index} is missing from its cluster")
     return cluster, task_type, index
 
 
@@ -39,6 +40,15 @@ def gpu_memory_fn(tf):
     if not tf.config.list_physical_devices("GPU"):
         return lambda: 0
     return lambda: int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+
+
+def main() -> int:
+    """Entry point of `pstrain server` and `python -m worker`: serve, or one error line and its exit code."""
+    try:
+        return serve()
+    except PstrainError as e:
+        print(f"pstrain: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 def serve() -> int:

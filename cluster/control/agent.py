@@ -20,6 +20,7 @@ import psutil
 from cluster.control.proto import control_pb2 as pb
 from cluster.control.security import TOKEN_ENV, Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
+from cluster.task import TaskId
 from cluster.versions import local_versions
 
 log = logging.getLogger("pstrain.agent")
@@ -63,7 +64,7 @@ class Agent:
         self._process = psutil.Process()
         self._process.cpu_percent()  # prime: the first call always returns 0
         self._done = threading.Event()
-        self.name = f"{task_type}:{index}"
+        self.name = TaskId(task_type, index).name
 
     def register(self, devices: list[str], deadline_s: float) -> None:
         """Register, retrying while the control plane is not up yet; raises Refused or TimeoutError."""

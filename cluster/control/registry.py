@@ -11,11 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-TaskKey = tuple[str, int]  # ("worker", 1)
-
-
-def task_name(key: TaskKey) -> str:
-    return f"{key[0]}:{key[1]}"
+from cluster.task import TaskId
 
 
 @dataclass
@@ -39,43 +35,48 @@ class TaskRecord:
 class Registry:
     """Registration, heartbeats and status for the tasks of one cluster."""
 
-    expected: dict[TaskKey, str]  # task -> the address the cluster config gives it
+    expected: dict[TaskId, str]  # task -> the address the cluster config gives it
     versions: dict[str, str]  # the chief's own versions; every task must match
     heartbeat_timeout: float
     total_steps: int = 0
     clock: Callable[[], float] = time.monotonic
-    tasks: dict[TaskKey, TaskRecord] = field(default_factory=dict)
+    tasks: dict[TaskId, TaskRecord] = field(default_factory=dict)
     state: str = "waiting"
     stopping: bool = False  # the chief is asked to checkpoint and stop
     shutting_down: bool = False  # every task is asked to exit (after the chief is done)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last_step: tuple[float, int] | None = None
 
-    def register(self, key: TaskKey, host: str, address: str, pid: int, versions: dict[str, str], devices: list[str]):
+    def __post_init__(self) -> None:
+        self.expected = {TaskId(*k): address for k, address in self.expected.items()}
+
+    def register(self, key: TaskId, host: str, address: str, pid: int, versions: dict[str, str], devices: list[str]):
         """Returns (accepted, reason)."""
+        key = TaskId(*key)
         with self._lock:
             if key not in self.expected:
-                count = sum(1 for k in self.expected if k[0] == key[0])
-                return False, f"{task_name(key)} is not in this cluster ({count} {key[0]} tasks); check its TF_CONFIG"
+                count = sum(1 for k in self.expected if k.type == key.type)
+                return False, f"{key.name} is not in this cluster ({count} {key.type} tasks); check its TF_CONFIG"
             skew = [f"{k} {versions.get(k, '?')} (chief has {v})" for k, v in self.versions.items() if versions.get(k) != v]
             if skew:
-                return False, f"{task_name(key)} runs {', '.join(skew)}; install the chief's versions on {host}"
+                return False, f"{key.name} runs {', '.join(skew)}; install the chief's versions on {host}"
             current = self.tasks.get(key)
             restarted = current is not None and (current.host, current.address) == (host, address)
             if current and (current.host, current.pid) != (host, pid) and not restarted and not self._lost(current):
                 return False, (
-                    f"{task_name(key)} is already registered by pid {current.pid} on {current.host}; "
+                    f"{key.name} is already registered by pid {current.pid} on {current.host}; "
                     "each slot runs once (stop the other task or fix the task index)"
                 )
             now = self.clock()
             self.tasks[key] = TaskRecord(host, address, pid, list(devices), now, now)
             return True, ""
 
-    def heartbeat(self, key: TaskKey, state: str, resources: dict[str, float], step: int, gradients: dict[int, int]) -> bool:
+    def heartbeat(self, key: TaskId, state: str, resources: dict[str, float], step: int, gradients: dict[int, int]) -> bool:
         """Record a heartbeat; returns True when the task should stop."""
+        key = TaskId(*key)
         with self._lock:
             record = self.tasks.get(key)
-            stop = self.stopping if key[0] == "chief" else self.shutting_down
+            stop = self.stopping if key.is_chief else self.shutting_down
             if record is None:
                 return stop
             now = self.clock()
@@ -83,7 +84,7 @@ class Registry:
             record.cpu_percent = resources.get("cpu_percent", 0.0)
             record.rss_bytes = int(resources.get("rss_bytes", 0))
             record.gpu_memory_bytes = int(resources.get("gpu_memory_bytes", 0))
-            if key[0] == "chief":
+            if key.is_chief:
                 if self._last_step and now > self._last_step[0] and step >= self._last_step[1]:
                     record.steps_per_s = (step - self._last_step[1]) / (now - self._last_step[0])
                 self._last_step = (now, step)
@@ -91,7 +92,7 @@ class Registry:
                 if state == "training":
                     self.state = "training"
                 for index, count in gradients.items():
-                    worker = self.tasks.get(("worker", index))
+                    worker = self.tasks.get(TaskId("worker", index))
                     if worker:
                         worker.gradients = count
             return stop
@@ -111,30 +112,30 @@ class Registry:
     def _lost(self, record: TaskRecord) -> bool:
         return self.clock() - record.last_seen > self.heartbeat_timeout
 
-    def lost(self) -> list[tuple[str, TaskRecord]]:
+    def lost(self) -> list[tuple[TaskId, TaskRecord]]:
         """(task, record) of every registered task silent past the heartbeat timeout."""
         with self._lock:
-            return [(task_name(k), r) for k, r in sorted(self.tasks.items()) if self._lost(r)]
+            return [(k, r) for k, r in sorted(self.tasks.items()) if self._lost(r)]
 
-    def forget(self, key: TaskKey) -> None:
+    def forget(self, key: TaskId) -> None:
         """A task is being restarted: it is missing until it registers again."""
         with self._lock:
             self.tasks.pop(key, None)
 
-    def missing(self) -> list[tuple[str, str]]:
+    def missing(self) -> list[tuple[TaskId, str]]:
         """(task, expected address) of every task that has not registered."""
         with self._lock:
-            return [(task_name(k), a) for k, a in sorted(self.expected.items()) if k not in self.tasks]
+            return [(k, a) for k, a in sorted(self.expected.items()) if k not in self.tasks]
 
     def status(self) -> dict:
         """The cluster as a plain dict (what `pstrain status --json` prints)."""
         with self._lock:
             now = self.clock()
-            chief = self.tasks.get(("chief", 0))
+            chief = self.tasks.get(TaskId("chief", 0))
             rows = []
-            for key in sorted(self.expected, key=lambda k: (["chief", "ps", "worker"].index(k[0]), k[1])):
+            for key in sorted(self.expected, key=TaskId.sort_key):
                 record = self.tasks.get(key)
-                row = {"task": task_name(key), "address": self.expected[key]}
+                row = {"task": key.name, "address": self.expected[key]}
                 if record is None:
                     row.update(state="missing", heartbeat_age_s=-1.0)
                 else:

@@ -12,6 +12,7 @@ from cluster.control.proto import control_pb2 as pb
 from cluster.control.proto import control_pb2_grpc as pb_grpc
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, TokenInterceptor, channel, server_credentials
+from cluster.task import TaskId
 
 RPC_TIMEOUT_S = 5.0
 
@@ -40,7 +41,12 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
             "python": request.versions.python,
         }
         accepted, reason = self.registry.register(
-            (request.task.type, request.task.index), request.host, request.address, request.pid, versions, list(request.devices)
+            TaskId(request.task.type, request.task.index),
+            request.host,
+            request.address,
+            request.pid,
+            versions,
+            list(request.devices),
         )
         return pb.RegisterReply(
             accepted=accepted,
@@ -51,7 +57,7 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
 
     def Heartbeat(self, request, context):
         stop = self.registry.heartbeat(
-            (request.task.type, request.task.index),
+            TaskId(request.task.type, request.task.index),
             request.state,
             _resources(request.resources),
             request.step,

@@ -9,7 +9,6 @@ or has been unreachable past the heartbeat timeout.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module
 from cluster.plan import plan_task
+from cluster.stop import StopTrap
 
 
 def tasks_from_config(cluster: ClusterConfig, local: frozenset[str]) -> list[tuple[str, int]]:
@@ -66,31 +66,29 @@ def cluster_from_assignment(control: str, creds: Credentials, local: frozenset[s
 
 
 def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], creds: Credentials, log_dir: Path) -> int:
+    """Run `tasks` until they all exit (0, or the first non-zero code) or a stop signal (128+N)."""
     if not tasks:
         raise ConfigError("cluster: no task of this cluster is assigned to this machine; check the hosts in the config")
     log_dir.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(log_dir)
-    stop: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _f: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     env = control_env(cluster, creds)
-    try:
-        children = [
-            supervisor.start(plan_task(cluster, kind, index), python_module("worker"), extra_env=env) for kind, index in tasks
-        ]
-        names = ", ".join(f"{c.name} at {c.plan.address}" for c in children)
-        print(f"pstrain node: running {names}; chief control plane {cluster.control}; logs in {log_dir}", flush=True)
-        while not stop and any(c.process.poll() is None for c in children):
-            time.sleep(0.2)
-        if stop:
-            return 128 + stop[0]
-        codes = [returncode_exit_code(c.process.returncode) for c in children]
-        for child, code in zip(children, codes, strict=True):
-            print(f"pstrain node: {child.name} exited with code {code} (see {child.log_path})", flush=True)
-        return next((c for c in codes if c), 0)
-    finally:
-        supervisor.stop_all()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with StopTrap() as stop:
+        try:
+            children = [
+                supervisor.start(plan_task(cluster, kind, index), python_module("worker"), extra_env=env) for kind, index in tasks
+            ]
+            names = ", ".join(f"{c.task.log_name} at {c.plan.address}" for c in children)
+            print(f"pstrain node: running {names}; chief control plane {cluster.control}; logs in {log_dir}", flush=True)
+            while not stop.requested and any(c.process.poll() is None for c in children):
+                time.sleep(0.2)
+            if stop.requested:
+                return stop.exit_code
+            codes = [returncode_exit_code(c.process.returncode) for c in children]
+            for child, code in zip(children, codes, strict=True):
+                print(f"pstrain node: {child.task.log_name} exited with code {code} (see {child.log_path})", flush=True)
+            return next((c for c in codes if c), 0)
+        finally:
+            supervisor.stop_all()
 
 
 def node_cluster(config_cluster: ClusterConfig | None, chief: str | None, creds: Credentials, timeout: float):

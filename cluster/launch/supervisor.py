@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from cluster.launch.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
+from cluster.task import TaskId
 
 
 @dataclass
@@ -28,8 +29,8 @@ class Child:
     restarts: int = 0
 
     @property
-    def name(self) -> str:
-        return self.plan.name
+    def task(self) -> TaskId:
+        return self.plan.task
 
 
 class Supervisor:
@@ -39,7 +40,7 @@ class Supervisor:
 
     def start(self, plan: TaskPlan, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
         """Start a task; its output goes to logs/<type>-<index>.log (and to `echo` if given)."""
-        log_path = self.log_dir / f"{plan.name}.log"
+        log_path = self.log_dir / f"{plan.task.log_name}.log"
         log_file = open(log_path, "ab")
         # The task arms "die with parent" itself (cluster/launch/lifetime.py), so no task outlives us.
         env = {**os.environ, **plan.env, **(extra_env or {}), PARENT_ENV: str(os.getpid())}

@@ -1,0 +1,55 @@
+"""Pure failure policy: what the launcher does when a task exits. Decisions only; no processes, no sleeps.
+
+Modelled on Ray Train's `FailurePolicy.make_decision`: the supervisor gathers facts, asks here, and
+carries the answer out. Tested without processes (tests/test_policy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.errors import EXIT_OK, EXIT_RESTARTABLE
+
+MAX_BACKOFF_S = 8.0
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Start the task again after `delay_s` (exponential back-off: 1, 2, 4, 8, 8 ... s)."""
+
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop retrying; `reason` completes "<task> exited with code N ...", e.g. "4 times; giving up"."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The run is over; the launcher exits with `exit_code`."""
+
+    exit_code: int
+
+
+def restart_decision(restarts: int, max_restarts: int) -> Restart | GiveUp:
+    """A ps or worker exited after `restarts` earlier restarts."""
+    if restarts >= max_restarts:
+        return GiveUp(f"{restarts + 1} times; giving up")
+    return Restart(delay_s=min(2.0**restarts, MAX_BACKOFF_S))
+
+
+def chief_decision(exit_code: int, restarts: int, max_restarts: int, stop_code: int | None) -> Restart | Finish:
+    """The chief exited with `exit_code`. `stop_code` is set when the user asked the run to stop.
+
+    A stop request ends the run: 0 when the chief still completed, else the stop's 128+N. The chief's
+    "a task became unreachable" code (75) restarts it, bounded by `max_restarts`, so it resumes from
+    its checkpoint once the lost task is back; every other code ends the run with that code.
+    """
+    if stop_code is not None:
+        return Finish(EXIT_OK if exit_code == EXIT_OK else stop_code)
+    if exit_code == EXIT_RESTARTABLE and restarts < max_restarts:
+        return Restart(delay_s=0.0)
+    return Finish(exit_code)
