@@ -68,23 +68,9 @@ class Config:
     train: TrainConfig
 
 
-CLUSTER_FIELDS = (
-    "host",
-    "chief",
-    "ps",
-    "workers",
-    "worker_gpus",
-    "chief_gpus",
-    "ps_gpus",
-    "control",
-    "heartbeat_interval",
-    "heartbeat_timeout",
-    "token_file",
-    "tls_cert",
-    "tls_key",
-    "tls_ca",
-    "max_restarts",
-)
+# `host` is a [cluster] field of the file that is not kept: tasks given by count are placed on it.
+STRING_FIELDS = ("chief_gpus", "ps_gpus", "token_file", "tls_cert", "tls_key", "tls_ca")  # taken as given
+CLUSTER_FIELDS = ("host", *(f.name for f in fields(ClusterConfig)))
 TRAIN_FIELDS = tuple(f.name for f in fields(TrainConfig))
 SECTIONS = {"cluster": CLUSTER_FIELDS, "train": TRAIN_FIELDS}
 
@@ -183,13 +169,14 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, gpu_co
 
 
 def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
+    defaults = ClusterConfig()
     host = raw.get("host", DEFAULT_HOST)
     if not isinstance(host, str) or not host:
         raise ConfigError(f"cluster.host: expected a host name or address, got {host!r}")
     chief = raw.get("chief", format_address(host, 0))
     parse_address("cluster.chief", chief)
-    ps = _addresses("cluster.ps", raw.get("ps", 1), host)
-    workers = _addresses("cluster.workers", raw.get("workers", 2), host)
+    ps = _addresses("cluster.ps", raw.get("ps", len(defaults.ps)), host)
+    workers = _addresses("cluster.workers", raw.get("workers", len(defaults.workers)), host)
     gpus = _worker_gpus(raw.get("worker_gpus", AUTO), len(workers), gpu_count)
     for i, gpu in enumerate(gpus):
         worker_host = parse_address("cluster.workers", workers[i])[0]
@@ -199,17 +186,16 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
                 f"cluster.worker_gpus[{i}]: GPU {gpu} does not exist on this machine ({have}); "
                 'use an index below that, -1 for no GPU, or "auto"'
             )
-    for name in ("chief_gpus", "ps_gpus"):
-        if not isinstance(raw.get(name, ""), str):
-            raise ConfigError(f'cluster.{name}: expected a CUDA_VISIBLE_DEVICES string such as "0" or ""')
-    for name in ("token_file", "tls_cert", "tls_key", "tls_ca"):
-        if not isinstance(raw.get(name, ""), str):
-            raise ConfigError(f"cluster.{name}: expected a file path")
+    strings = {name: raw.get(name, getattr(defaults, name)) for name in STRING_FIELDS}
+    for name, value in strings.items():
+        if not isinstance(value, str):
+            expected = 'a CUDA_VISIBLE_DEVICES string such as "0" or ""' if name.endswith("_gpus") else "a file path"
+            raise ConfigError(f"cluster.{name}: expected {expected}")
     chief_host = parse_address("cluster.chief", chief)[0]
     control = raw.get("control", format_address(chief_host, 0))
     parse_address("cluster.control", control)
-    interval = _seconds("cluster.heartbeat_interval", raw.get("heartbeat_interval", 2.0))
-    timeout = _seconds("cluster.heartbeat_timeout", raw.get("heartbeat_timeout", 10.0))
+    interval = _seconds("cluster.heartbeat_interval", raw.get("heartbeat_interval", defaults.heartbeat_interval))
+    timeout = _seconds("cluster.heartbeat_timeout", raw.get("heartbeat_timeout", defaults.heartbeat_timeout))
     if timeout <= interval:
         raise ConfigError(
             f"cluster.heartbeat_timeout: {timeout:g}s must exceed heartbeat_interval ({interval:g}s); use several intervals"
@@ -219,16 +205,11 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         ps=ps,
         workers=workers,
         worker_gpus=gpus,
-        chief_gpus=raw.get("chief_gpus", ""),
-        ps_gpus=raw.get("ps_gpus", ""),
         control=control,
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
-        token_file=raw.get("token_file", ""),
-        tls_cert=raw.get("tls_cert", ""),
-        tls_key=raw.get("tls_key", ""),
-        tls_ca=raw.get("tls_ca", ""),
-        max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", 3), 0),
+        max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", defaults.max_restarts), 0),
+        **strings,
     )
     check_unique_addresses(cluster)
     return cluster
@@ -267,8 +248,10 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         raise ConfigError(f"train.job: expected 'package.module' or 'package.module:attr', got {job!r}")
     steps = _int("train.steps", raw.get("steps", defaults.steps), 1)
     batch = _int("train.global_batch_size", raw.get("global_batch_size", defaults.global_batch_size), 1)
-    replicas = _int("train.replicas_to_aggregate", raw.get("replicas_to_aggregate", 0), 0) or num_workers
-    total = _int("train.total_num_replicas", raw.get("total_num_replicas", 0), 0) or replicas
+    replicas = (
+        _int("train.replicas_to_aggregate", raw.get("replicas_to_aggregate", defaults.replicas_to_aggregate), 0) or num_workers
+    )
+    total = _int("train.total_num_replicas", raw.get("total_num_replicas", defaults.total_num_replicas), 0) or replicas
     if replicas > total:
         raise ConfigError(
             f"train.replicas_to_aggregate: {replicas} is larger than train.total_num_replicas ({total}); "
@@ -281,7 +264,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         )
     seed = _int("train.seed", raw.get("seed", defaults.seed), 0)
     every = _int("train.checkpoint_every", raw.get("checkpoint_every", defaults.checkpoint_every), 0)
-    run_dir = raw.get("run_dir", "")
+    run_dir = raw.get("run_dir", defaults.run_dir)
     if not isinstance(run_dir, str):
         raise ConfigError(f"train.run_dir: expected a path, got {run_dir!r}")
     timeout = _seconds("train.startup_timeout", raw.get("startup_timeout", defaults.startup_timeout))

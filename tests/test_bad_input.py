@@ -72,6 +72,7 @@ def test_server_with_invalid_tf_config(tf_config, message):
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(
     "job, code, message",
     [
@@ -87,6 +88,7 @@ def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message):
     assert_no_orphans(result)
 
 
+@pytest.mark.cluster
 def test_standalone_reports_the_same_errors(tmp_path):
     args = ["train", "--standalone", "--job", "tests.jobs.broken:Diverges", "--run-dir", str(tmp_path / "r")]
     assert_one_line_error(run_pstrain(args, timeout=120), "step 0: loss is nan", code=1)
@@ -101,6 +103,7 @@ def test_gpu_index_the_machine_does_not_have(tmp_path):
     assert not result.seen_pids
 
 
+@pytest.mark.cluster
 def test_unreachable_host_fails_listing_the_missing_task(tmp_path):
     # 10.251.9.9 is an address no namespace has: the launcher only waits for the task to register
     # (it never connects there), then fails naming it.
@@ -111,6 +114,7 @@ def test_unreachable_host_fails_listing_the_missing_task(tmp_path):
     assert_no_orphans(result)
 
 
+@pytest.mark.cluster
 def test_run_dir_written_by_an_incompatible_config_is_left_alone(tmp_path):
     run_dir = tmp_path / "r"
     first = run_pstrain(["train", "--standalone", "--steps", "5", "--run-dir", str(run_dir)], timeout=120)

@@ -9,8 +9,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.benchmarks.bench import PEERS
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
 
 
 def test_benchmark_command_runs_every_peer(tmp_path):

@@ -127,6 +127,7 @@ def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.cluster
 def test_live_status_wrong_token_and_lost_worker(tmp_path):
     """A real local cluster: status shows every task; a wrong token is refused while training goes on;
     a worker that stops heartbeating (SIGSTOP) is shown as lost within the timeout, which ends the

@@ -18,6 +18,8 @@ from chief.jobs import digits
 from tests import helpers
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines, task_pid
 
+pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+
 STEPS = 150
 
 

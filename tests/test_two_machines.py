@@ -22,7 +22,10 @@ from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, metri
 from tests.netns import can_create_namespaces, set_link, two_hosts
 
 WHY_NOT = can_create_namespaces()
-pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}"),
+]
 
 CONFIG = """\
 [cluster]

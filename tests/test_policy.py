@@ -1,0 +1,79 @@
+"""Pure decisions and identities, tested without processes: restart policy, stop trap, task names."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from cluster.errors import EXIT_RESTARTABLE, ConfigError, PstrainError, RestartableError, TrainingError, returncode_exit_code
+from cluster.policy import Finish, GiveUp, Restart, chief_decision, restart_decision
+from cluster.stop import StopTrap
+from cluster.task import TaskId
+
+
+@pytest.mark.parametrize(
+    "restarts, max_restarts, expected",
+    [
+        (0, 3, Restart(1.0)),
+        (1, 3, Restart(2.0)),
+        (2, 3, Restart(4.0)),
+        (3, 3, GiveUp("4 times; giving up")),
+        (0, 0, GiveUp("1 times; giving up")),
+        (5, 10, Restart(8.0)),  # back-off is capped
+    ],
+)
+def test_restart_decision(restarts, max_restarts, expected):
+    assert restart_decision(restarts, max_restarts) == expected
+
+
+@pytest.mark.parametrize(
+    "code, restarts, stop_code, expected",
+    [
+        (0, 0, None, Finish(0)),
+        (1, 0, None, Finish(1)),
+        (EXIT_RESTARTABLE, 0, None, Restart(0.0)),  # a ps was lost: restart the chief, it resumes
+        (EXIT_RESTARTABLE, 3, None, Finish(EXIT_RESTARTABLE)),  # out of restarts
+        (130, 0, 130, Finish(130)),  # Ctrl-C: the chief checkpointed and stopped
+        (0, 0, 143, Finish(0)),  # the chief finished before the stop reached it
+        (EXIT_RESTARTABLE, 0, 143, Finish(143)),  # a stop request is never turned into a restart
+    ],
+)
+def test_chief_decision(code, restarts, stop_code, expected):
+    assert chief_decision(code, restarts, max_restarts=3, stop_code=stop_code) == expected
+
+
+def test_stop_trap_records_the_first_signal_and_restores_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopTrap() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signum == signal.SIGTERM
+        assert stop.exit_code == 143 and stop.name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stop_trap_programmatic_request():
+    with StopTrap() as stop:
+        stop.request()
+        assert stop.exit_code == 128 + signal.SIGTERM
+
+
+def test_task_identity():
+    task = TaskId("worker", 1)
+    assert (task.name, task.log_name, str(task)) == ("worker:1", "worker-1", "worker:1")
+    assert task == ("worker", 1) and {("worker", 1): "x"}[task] == "x"
+    ordered = sorted([TaskId("worker", 0), TaskId("ps", 1), TaskId("chief", 0), TaskId("ps", 0)], key=TaskId.sort_key)
+    assert [t.name for t in ordered] == ["chief:0", "ps:0", "ps:1", "worker:0"]
+
+
+def test_error_exit_codes():
+    assert [e.exit_code for e in (ConfigError("x"), TrainingError("x"), RestartableError("x"), PstrainError("x"))] == [
+        2,
+        1,
+        75,
+        1,
+    ]
+    assert returncode_exit_code(-9) == 137 and returncode_exit_code(3) == 3
