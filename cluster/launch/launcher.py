@@ -94,28 +94,14 @@ def launch(config: Config) -> int:
     registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
     server = None
     with StopTrap() as stop:
-
-        def on_stop(reason: str) -> None:  # `pstrain stop`: the chief checkpoints, then everything exits
-            say(f"stopping: {reason}", error=True)
-            registry.request_stop()
-            stop.request(signal.SIGTERM)
-
         try:
-            servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
-            try:
-                server, _ = serve(servicer, cluster.control, creds)
-            except (OSError, RuntimeError) as e:
-                raise ConfigError(f"cluster.control: cannot serve on {cluster.control} ({e}); pick another port") from None
+            server = serve_control_plane(cluster, registry, creds, stop)
             say(
                 f"control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
                 + (f" --token-file {hint}" if hint else "")
             )
             env = control_env(cluster, creds)
-            here = [p for p in plan_servers(cluster) if is_local_host(parse_address("task", p.address)[0], local)]
-            servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
-            remote = len(cluster.ps) + len(cluster.workers) - len(here)
-            waiting = f", waiting for {remote} on other machines" if remote else ""
-            say(f"{len(here)} local tasks starting{waiting}; logs in {run_dir / 'logs'}")
+            servers = start_local_servers(supervisor, cluster, local, env)
             failure = wait_registered(registry, servers, train.startup_timeout, stop)
             if stop.requested:
                 return stop.exit_code
@@ -131,6 +117,33 @@ def launch(config: Config) -> int:
             if server is not None:
                 linger_for_remote_nodes(registry, cluster, local)
                 server.stop(grace=1)
+
+
+def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap):
+    """Serve pstrain's control plane; `pstrain stop` makes the chief checkpoint, then everything exits."""
+
+    def on_stop(reason: str) -> None:
+        say(f"stopping: {reason}", error=True)
+        registry.request_stop()
+        stop.request(signal.SIGTERM)
+
+    servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
+    try:
+        return serve(servicer, cluster.control, creds)[0]
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(f"cluster.control: cannot serve on {cluster.control} ({e}); pick another port") from None
+
+
+def start_local_servers(
+    supervisor: Supervisor, cluster: ClusterConfig, local: frozenset[str], env: dict[str, str]
+) -> list[Child]:
+    """Start the ps and worker servers whose host is this machine; the others register from their own."""
+    here = [p for p in plan_servers(cluster) if is_local_host(parse_address("task", p.address)[0], local)]
+    servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
+    remote = len(cluster.ps) + len(cluster.workers) - len(here)
+    waiting = f", waiting for {remote} on other machines" if remote else ""
+    say(f"{len(here)} local tasks starting{waiting}; logs in {supervisor.log_dir}")
+    return servers
 
 
 def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop: StopTrap) -> str:
