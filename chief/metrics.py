@@ -8,13 +8,16 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from chief.tensorboard import TensorBoardLog
+
 
 class MetricsLog:
-    """Append-only step log; on resume, lines past the restored step are dropped first."""
+    """Append-only step log; on resume, lines past the restored step are dropped first. Every record
+    also goes to the TensorBoard event files under the same run dir (chief/tensorboard.py)."""
 
-    def __init__(self, path: Path, resume_step: int):
+    def __init__(self, path: Path, resume_step: int, examples_per_step: int | None = None):
         self.path = path
-        kept = []
+        kept, history = [], []
         if path.exists():
             for line in path.read_text().splitlines():
                 try:
@@ -23,16 +26,25 @@ class MetricsLog:
                     continue  # a line cut short by a crash
                 if "step" in record and record["step"] < resume_step:
                     kept.append(line)
+                    history.append(record)
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(f"{line}\n" for line in kept))
         tmp.replace(path)
         self._file = open(path, "a", buffering=1)
+        self.tensorboard = TensorBoardLog(path.parent / "tensorboard", resume_step, examples_per_step, history)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
+        self.tensorboard.write(record)
+
+    def flush(self) -> None:
+        """At checkpoints: what is on disk covers the checkpointed steps."""
+        self._file.flush()
+        self.tensorboard.flush()
 
     def close(self) -> None:
         self._file.close()
+        self.tensorboard.close()
 
 
 class Progress:

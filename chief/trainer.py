@@ -74,7 +74,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     if start:
         log.info("resumed from %s at step %d", checkpoints.latest, start)
     engine.prepare(start)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start, examples_per_step=train.global_batch_size)
     progress = Progress(train.steps, start, tty=os.environ.get("PSTRAIN_TTY") == "1")
     progress.message(
         f"pstrain: {'standalone' if standalone else 'cluster'} run of {job.spec}, steps {start}..{train.steps}, "
@@ -122,6 +122,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         done = step + 1
         if train.checkpoint_every and done % train.checkpoint_every == 0 and done < train.steps:
             checkpoints.save(done)
+            metrics.flush()
         if stop.signal is not None:
             return stop_with_checkpoint(checkpoints, done, stop, progress, metrics)
     stale_total += engine.close()

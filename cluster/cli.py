@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_control_flags(command)
         if name == "status":
             command.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("plot", help="write PNGs of a run to RUN_DIR/plots/").add_argument("run_dir", metavar="RUN_DIR")
     return parser
 
 
@@ -159,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             return control_call(args)
         if args.command == "node":
             return run_node_command(args)
+        if args.command == "plot":
+            from chief.plots import render
+
+            print("\n".join(f"pstrain: wrote {p}" for p in render(Path(args.run_dir))))
+            return 0
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)

@@ -1,0 +1,71 @@
+"""What a user looks at during and after a run, from ONE short real cluster run (module fixture):
+TensorBoard event files, `pstrain plot`, and the quiet console."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_no_orphans, metrics, run_pstrain
+from tests.test_tensorboard import read_scalars
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("views") / "run"
+    result = run_pstrain(["launch", "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "10"])
+    assert result.returncode == 0, result.output
+    assert_no_orphans(result)
+    return run_dir, result
+
+
+def test_tensorboard_events_of_a_cluster_run(short_run):
+    run_dir, _ = short_run
+    steps, done = metrics(run_dir)
+    train = read_scalars(run_dir / "tensorboard" / "train")
+    assert [s for s, _ in train["loss"]] == list(range(STEPS))
+    assert [round(v, 5) for _, v in train["loss"]] == [round(r["loss"], 5) for r in steps]
+    for tag in ("seconds", "steps_per_second", "examples_per_second", "aggregated", "stale_dropped"):
+        assert len(train[tag]) == STEPS, tag
+    for phase in steps[0]["timing"]:
+        assert len(train[f"timing/{phase}"]) == STEPS, phase
+    counted = {w: sum(w in r["workers"] for r in steps) for w in (0, 1)}
+    assert {w: train[f"gradients_applied/worker_{w}"][-1][1] for w in (0, 1)} == counted
+    evals = read_scalars(run_dir / "tensorboard" / "eval")
+    assert evals["accuracy"][0][0] == STEPS and round(evals["accuracy"][0][1], 5) == round(done["eval_accuracy"], 5)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_command_writes_the_pngs_of_a_run(short_run):
+    import matplotlib.image
+
+    run_dir, _ = short_run
+    result = run_pstrain(["plot", str(run_dir)], timeout=120)
+    assert result.returncode == 0, result.output
+    names = {"loss", "step_time", "examples_per_second", "gradients_per_worker"}
+    assert {p.stem for p in (run_dir / "plots").glob("*.png")} == names
+    for name in names:
+        path = run_dir / "plots" / f"{name}.png"
+        assert png_size(path) == (640, 360)
+        pixels = matplotlib.image.imread(path)[..., :3]
+        assert (pixels < 0.9).any(axis=-1).mean() > 0.02, f"{name}.png looks empty"
+    # The stacked step-time plot shows one colour per phase (+ "other"): many distinct saturated colours.
+    stacked = matplotlib.image.imread(run_dir / "plots" / "step_time.png")[..., :3]
+    saturated = stacked[(stacked.max(axis=-1) - stacked.min(axis=-1)) > 0.3]
+    assert len({tuple((c * 8).astype(int)) for c in saturated}) >= 4
+
+
+def test_plot_of_a_missing_run_is_one_line(tmp_path):
+    result = run_pstrain(["plot", str(tmp_path / "nothing")], timeout=60)
+    assert (
+        result.returncode == 2 and result.output.startswith("pstrain: error: pstrain plot:") and "Traceback" not in result.output
+    )
