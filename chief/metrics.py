@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -15,8 +16,16 @@ class MetricsLog:
     """Append-only step log; on resume, lines past the restored step are dropped first. Every record
     also goes to the TensorBoard event files under the same run dir (chief/tensorboard.py)."""
 
-    def __init__(self, path: Path, resume_step: int, examples_per_step: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        resume_step: int,
+        examples_per_step: int | None = None,
+        learning_rate: Callable[[int], float | None] | None = None,
+    ):
+        """`learning_rate(step)`, where given, adds "learning_rate" to every step record."""
         self.path = path
+        self.learning_rate = learning_rate
         kept, history = [], []
         if path.exists():
             for line in path.read_text().splitlines():
@@ -34,6 +43,9 @@ class MetricsLog:
         self.tensorboard = TensorBoardLog(path.parent / "tensorboard", resume_step, examples_per_step, history)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self.learning_rate and "step" in record and "event" not in record:
+            rate = self.learning_rate(record["step"])
+            record = record if rate is None else {**record, "learning_rate": rate}
         self._file.write(json.dumps(record) + "\n")
         self.tensorboard.write(record)
 
@@ -45,6 +57,23 @@ class MetricsLog:
     def close(self) -> None:
         self._file.close()
         self.tensorboard.close()
+
+
+def learning_rate_fn(optimizer: Any) -> Callable[[int], float | None]:
+    """step -> the optimizer's learning rate: a schedule is evaluated at the step (locally), a fixed
+    rate is read once (on a cluster it is a variable on a ps); None where the optimizer has none."""
+    import tf_keras
+
+    hyper = getattr(optimizer, "_hyper", {}).get("learning_rate")  # tf_keras.optimizers.legacy.*
+    if hyper is None:
+        hyper = getattr(optimizer, "learning_rate", None)
+    if isinstance(hyper, tf_keras.optimizers.schedules.LearningRateSchedule):
+        return lambda step: float(hyper(step))
+    try:
+        value = float(hyper.numpy() if hasattr(hyper, "numpy") else hyper)
+    except (TypeError, ValueError, AttributeError):
+        return lambda step: None
+    return lambda step: value
 
 
 class Progress:

@@ -17,7 +17,7 @@ from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, LocalEngine, StepInterrupted
 from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import checked_arrays, load_job
-from chief.metrics import MetricsLog, Progress
+from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
 from cluster.config import TrainConfig
@@ -74,7 +74,12 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     if start:
         log.info("resumed from %s at step %d", checkpoints.latest, start)
     engine.prepare(start)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", resume_step=start, examples_per_step=train.global_batch_size)
+    metrics = MetricsLog(
+        run_dir / "metrics.jsonl",
+        start,
+        examples_per_step=train.global_batch_size,
+        learning_rate=learning_rate_fn(state.optimizer),
+    )
     progress = Progress(train.steps, start, tty=os.environ.get("PSTRAIN_TTY") == "1")
     progress.message(
         f"pstrain: {'standalone' if standalone else 'cluster'} run of {job.spec}, steps {start}..{train.steps}, "

@@ -29,6 +29,7 @@ def test_tensorboard_events_of_a_cluster_run(short_run):
     train = read_scalars(run_dir / "tensorboard" / "train")
     assert [s for s, _ in train["loss"]] == list(range(STEPS))
     assert [round(v, 5) for _, v in train["loss"]] == [round(r["loss"], 5) for r in steps]
+    assert {round(v, 9) for _, v in train["learning_rate"]} == {0.001}  # the digits job's Adam(1e-3)
     for tag in ("seconds", "steps_per_second", "examples_per_second", "aggregated", "stale_dropped"):
         assert len(train[tag]) == STEPS, tag
     for phase in steps[0]["timing"]:

@@ -71,3 +71,23 @@ def test_resume_leaves_one_curve_with_the_new_values(tmp_path):
     assert set(train) >= {"examples_per_second", "steps_per_second", "timing/apply", "aggregated", "stale_dropped"}
     evals = read_scalars(tmp_path / "tensorboard" / "eval")
     assert evals["loss"] == [(15, 0.4000000059604645)] and evals["accuracy"] == [(15, 0.800000011920929)]
+
+
+def test_learning_rate_of_fixed_rates_and_schedules():
+    import tf_keras
+
+    from chief.metrics import learning_rate_fn
+
+    assert learning_rate_fn(tf_keras.optimizers.legacy.SGD(0.25))(7) == 0.25
+    schedule = tf_keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=10, decay_rate=0.5)
+    rate = learning_rate_fn(tf_keras.optimizers.legacy.Adam(schedule))
+    assert rate(0) == 1.0 and abs(rate(10) - 0.5) < 1e-6
+    assert learning_rate_fn(object())(3) is None
+
+
+def test_learning_rate_joins_the_step_record(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl", 0, examples_per_step=64, learning_rate=lambda step: 0.1 / (step + 1))
+    for step in range(3):
+        log.write(step_record(step, 1.0))
+    log.close()
+    assert [round(v, 6) for _, v in read_scalars(tmp_path / "tensorboard" / "train")["learning_rate"]] == [0.1, 0.05, 0.033333]
