@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -76,17 +77,32 @@ def learning_rate_fn(optimizer: Any) -> Callable[[int], float | None]:
     return lambda step: value
 
 
-class Progress:
-    """A one-line bar on a terminal, else a line every ~5 % of the run."""
+def format_eta(seconds: float) -> str:
+    """0:09, 1:01, 1:02:05."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
-    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout):
-        self.total, self.start, self.tty, self.out = total, start, tty, out
-        self.t0 = time.monotonic()
+
+class Progress:
+    """A one-line bar on a terminal, else a line every ~5 % of the run; both with the rate (steps/s
+    over the last RATE_WINDOW steps) and the time left at that rate."""
+
+    RATE_WINDOW = 20
+
+    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout, clock: Callable[[], float] = time.monotonic):
+        self.total, self.start, self.tty, self.out, self.clock = total, start, tty, out, clock
         self.every = max(1, total // 20)
+        self.ends: deque[tuple[int, float]] = deque(maxlen=self.RATE_WINDOW + 1)  # (steps done, time)
 
     def update(self, step: int, loss: float, examples_per_s: float, aggregated: int) -> None:
         done = step + 1
+        self.ends.append((done, self.clock()))
         text = f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
+        (first, t_first), (last, t_last) = self.ends[0], self.ends[-1]
+        if last > first and t_last > t_first:
+            rate = (last - first) / (t_last - t_first)
+            text += f"  {rate:.1f} steps/s  ETA {format_eta((self.total - done) / rate)}"
         if self.tty:
             filled = int(30 * done / self.total)
             self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}")

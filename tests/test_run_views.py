@@ -3,24 +3,84 @@ TensorBoard event files, `pstrain plot`, and the quiet console."""
 
 from __future__ import annotations
 
+import os
+import pty
+import re
+import select
 import struct
+import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.helpers import assert_no_orphans, metrics, run_pstrain
+from tests.helpers import ROOT, Result, alive, assert_no_orphans, metrics, run_pstrain
 from tests.test_tensorboard import read_scalars
 
 STEPS = 20
+TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]", re.M)  # absl/glog prefix
+
+
+def run_on_terminal(argv: list[str], timeout: float = 300) -> Result:
+    """Run a command with a pseudo-terminal as its stdout/stderr, as a user's shell would; returns
+    everything the terminal received (raw: \\r redraws kept) and every descendant pid seen."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    received, seen = b"", set()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                seen |= {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+            except psutil.NoSuchProcess:
+                pass
+            if select.select([controller], [], [], 0.1)[0]:
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    chunk = b""
+                if not chunk and process.poll() is not None:
+                    break
+                received += chunk
+            elif process.poll() is not None:
+                break
+        else:
+            for p in alive(seen | {process.pid}):
+                p.kill()
+            raise AssertionError(f"{argv} did not finish within {timeout}s:\n{received.decode(errors='replace')}")
+    finally:
+        os.close(controller)
+    return Result(process.wait(), received.decode("utf-8", "replace"), seen)
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
+    """The README's command on a terminal: deploy/start_local.sh (environment already set up)."""
     run_dir = tmp_path_factory.mktemp("views") / "run"
-    result = run_pstrain(["launch", "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "10"])
+    argv = [str(ROOT / "deploy" / "start_local.sh"), "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "10"]
+    result = run_on_terminal(argv)
     assert result.returncode == 0, result.output
     assert_no_orphans(result)
     return run_dir, result
+
+
+def test_console_shows_pstrain_only_and_logs_keep_tensorflow_output(short_run):
+    run_dir, result = short_run
+    console = result.output
+    assert not TF_LOG_LINE.search(console), console
+    assert "oneDNN" not in console and "absl::InitializeLog" not in console, console
+    for name in ("chief-0", "ps-0", "worker-0", "worker-1"):
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        assert TF_LOG_LINE.search(log), f"{name}.log lacks TensorFlow's own lines"
+    assert "placement:" in (run_dir / "logs" / "chief-0.log").read_text()
+    lines = [line for line in re.split(r"[\r\n]+", console) if line.strip()]
+    assert all(line.startswith(("pstrain", "[")) for line in lines), lines
+    # A live bar on the terminal: redrawn with \r, with rate and ETA, and the last redraw shows the end.
+    bars = [line for line in lines if line.startswith("[")]
+    assert len(bars) >= STEPS // 2 and all(re.search(r"step \d+/20 .* steps/s  ETA \d+:\d\d$", b) for b in bars[1:]), bars
+    assert bars[-1].startswith("[" + "#" * 30 + "] step 20/20") and "pstrain: done" in console
 
 
 def test_tensorboard_events_of_a_cluster_run(short_run):

@@ -172,6 +172,10 @@ class Supervision:
             if self.stop_signal:
                 return 128 + self.stop_signal[0] if code else 0
             if code != EXIT_RESTARTABLE or chief.restarts >= self.cluster.max_restarts:
+                if code:  # the console shows only pstrain's lines: say where the rest of the story is
+                    print(
+                        f"pstrain: {chief.name} exited with code {code}; its log: {chief.log_path}", file=sys.stderr, flush=True
+                    )
                 return code
             self._restart_dead_servers(wait=True)
             failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop_signal)
