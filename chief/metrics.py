@@ -105,7 +105,7 @@ class Progress:
             text += f"  {rate:.1f} steps/s  ETA {format_eta((self.total - done) / rate)}"
         if self.tty:
             filled = int(30 * done / self.total)
-            self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}")
+            self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}\x1b[K")  # erase what a longer line left
             if done == self.total:
                 self.out.write("\n")
         elif done % self.every == 0 or done == self.total or done == self.start + 1:

@@ -43,13 +43,16 @@ def test_filter_keeps_bar_redraws_and_drops_noise_across_chunk_boundaries():
     stream = (
         b"I0000 00:00:1.0 1 port.cc:153] oneDNN custom operations are on.\n"
         b"pstrain: cluster run of job, steps 0..2\n"
-        b"\r[###...] step 1/2  loss 1.0\r[######] step 2/2  loss 0.5\n"
+        b"\r[###...] step 1/2  loss 1.0\x1b[K\r[######] step 2/2  loss 0.5\x1b[K"
+        b"resource: (_Arg): /job:chief/replica:0/task:0/device:CPU:0\n"  # TF's stderr, right after a redraw
+        b"\n"
         b"W0000 00:00:2.0 1 x.cc:1] noise\n"
         b"pstrain: done in 1.0s\n"
     )
     expected = (
         b"pstrain: cluster run of job, steps 0..2\n"
-        b"\r[###...] step 1/2  loss 1.0\r[######] step 2/2  loss 0.5\n"
+        b"\r[###...] step 1/2  loss 1.0\x1b[K\r[######] step 2/2  loss 0.5\x1b[K"
+        b"\n"
         b"pstrain: done in 1.0s\n"
     )
     for size in (1, 7, len(stream)):
@@ -60,7 +63,8 @@ def test_filter_keeps_bar_redraws_and_drops_noise_across_chunk_boundaries():
 
 def test_a_bar_is_shown_as_soon_as_it_arrives():
     console = ConsoleFilter()
-    assert console.feed(b"\r[#..] step 1/3  loss 1.0") == b"\r[#..] step 1/3  loss 1.0"
+    assert console.feed(b"\r[#..] step 1/3  loss 1.0") == b""  # not complete yet
+    assert console.feed(b"\x1b[K") == b"\r[#..] step 1/3  loss 1.0\x1b[K"
     assert console.feed(b"\n") == b"\n"  # ends the bar's line
     assert console.feed(b"\n") == b""  # a blank line elsewhere is noise
 
@@ -83,7 +87,7 @@ def test_tty_bar_redraws_one_line():
     progress.update(0, 1.0, 100.0, 2)
     progress.update(1, 0.5, 100.0, 2)
     text = out.getvalue()
-    assert text.startswith("\r[") and text.count("\r[") == 2 and text.endswith("ETA 0:00\n")
+    assert text.startswith("\r[") and text.count("\r[") == 2 and text.endswith("ETA 0:00\x1b[K\n")
     assert all(for_console(part) for part in text.strip("\n").split("\r") if part)
 
 

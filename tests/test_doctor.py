@@ -272,3 +272,18 @@ def test_doctor_against_a_chief_that_is_not_there(tmp_path, flag):
         port = s.getsockname()[1]
     code, found = doctor(tmp_path, {"PSTRAIN_TOKEN": "x"}, "", flag, f"127.0.0.1:{port}")
     assert code == 1 and by_name(found)["cluster"]["message"].startswith(f"no control plane answers at 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("smi", ["absent", "no devices"])
+def test_gpu_check_script_without_a_gpu_says_so_in_one_line(tmp_path, smi):
+    path = ":".join(p for p in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(p, "nvidia-smi")))
+    env = {**os.environ, "PATH": path}
+    if smi == "no devices":
+        env.update(fake_nvidia_smi(tmp_path / "bin", [], fail="No devices were found", code=6))
+    result = subprocess.run(
+        [str(ROOT / "deploy" / "gpu_check.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "pstrain: error: gpu_check: no NVIDIA GPU found (nvidia-smi -L lists none); run it on a machine with a GPU and its driver"
+    ]

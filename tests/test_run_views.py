@@ -22,11 +22,12 @@ STEPS = 20
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]", re.M)  # absl/glog prefix
 
 
-def run_on_terminal(argv: list[str], timeout: float = 300) -> Result:
+def run_on_terminal(argv: list[str], timeout: float = 300, env: dict | None = None) -> Result:
     """Run a command with a pseudo-terminal as its stdout/stderr, as a user's shell would; returns
     everything the terminal received (raw: \\r redraws kept) and every descendant pid seen."""
     controller, terminal = pty.openpty()
-    process = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    environ = {**os.environ, **(env or {})}
+    process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
     os.close(terminal)
     received, seen = b"", set()
     deadline = time.monotonic() + timeout
@@ -57,10 +58,11 @@ def run_on_terminal(argv: list[str], timeout: float = 300) -> Result:
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    """The README's command on a terminal: deploy/start_local.sh (environment already set up)."""
+    """The README's command on a terminal: deploy/start_local.sh (environment already set up), with the
+    device-placement log on (as deploy/gpu_check.sh runs it): more TensorFlow output to keep off the console."""
     run_dir = tmp_path_factory.mktemp("views") / "run"
     argv = [str(ROOT / "deploy" / "start_local.sh"), "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "10"]
-    result = run_on_terminal(argv)
+    result = run_on_terminal(argv, env={"PSTRAIN_LOG_DEVICE_PLACEMENT": "1"})
     assert result.returncode == 0, result.output
     assert_no_orphans(result)
     return run_dir, result
@@ -70,12 +72,12 @@ def test_console_shows_pstrain_only_and_logs_keep_tensorflow_output(short_run):
     run_dir, result = short_run
     console = result.output
     assert not TF_LOG_LINE.search(console), console
-    assert "oneDNN" not in console and "absl::InitializeLog" not in console, console
+    assert "oneDNN" not in console and "absl::InitializeLog" not in console and "/device:" not in console, console
     for name in ("chief-0", "ps-0", "worker-0", "worker-1"):
         log = (run_dir / "logs" / f"{name}.log").read_text()
         assert TF_LOG_LINE.search(log), f"{name}.log lacks TensorFlow's own lines"
     assert "placement:" in (run_dir / "logs" / "chief-0.log").read_text()
-    lines = [line for line in re.split(r"[\r\n]+", console) if line.strip()]
+    lines = [line.removesuffix("\x1b[K") for line in re.split(r"[\r\n]+", console) if line.strip()]
     assert all(line.startswith(("pstrain", "[")) for line in lines), lines
     # A live bar on the terminal: redrawn with \r, with rate and ETA, and the last redraw shows the end.
     bars = [line for line in lines if line.startswith("[")]
@@ -130,3 +132,21 @@ def test_plot_of_a_missing_run_is_one_line(tmp_path):
     assert (
         result.returncode == 2 and result.output.startswith("pstrain: error: pstrain plot:") and "Traceback" not in result.output
     )
+
+
+def test_gpu_check_reads_where_each_worker_computed(short_run):
+    """The placement log of a real run: on this CPU-only machine every worker computed on its CPU,
+    and deploy/gpu_check.sh's report says so (and fails) rather than claim a GPU."""
+    from cluster.doctor.gpu_check import placements, report
+
+    run_dir, _ = short_run
+    for index in (0, 1):
+        devices = placements((run_dir / "logs" / f"worker-{index}.log").read_text())
+        assert set(devices) == {index}
+        assert list(devices[index]) == [f"/job:worker/replica:0/task:{index}/device:CPU:0"] and devices[index].total() >= 4
+    lines, on_gpu = report(run_dir, run_dir, workers=2)
+    assert not on_gpu
+    assert lines[0].startswith("worker-0: compute ops placed on /job:worker/replica:0/task:0/device:CPU:0 (") and lines[
+        0
+    ].endswith("<- not a GPU")
+    assert lines[2].startswith("throughput: pstrain ") and lines[2].endswith("pstrain / one process = 1.00x")
