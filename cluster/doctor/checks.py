@@ -121,17 +121,18 @@ def cuda_libraries(requirements: list[str], installed: dict[str, str], build: di
     pins = [r for r in pins if r.name.startswith("nvidia-") and r.marker and r.marker.evaluate({"extra": "and-cuda"})]
     if not pins:
         return [Check("WARN", name, "TensorFlow's metadata lists no and-cuda pins; cannot check the CUDA libraries")]
-    bad, good = [], []
+    missing, outside, good = [], [], []
     for pin in pins:
         have = installed.get(pin.name)
         if have is None:
-            bad.append(f"{pin.name} missing (needs {pin.specifier})")
+            missing.append(pin.name)
         elif not _within(have, pin):
-            bad.append(f"{pin.name} {have} outside {pin.specifier}")
+            outside.append(f"{pin.name} {have} outside {pin.specifier}")
         elif pin.name.split("-")[1] in ("cudnn", "nccl", "cuda"):
             good.append(f"{pin.name} {have}")
-    if bad:
-        return [Check("FAIL", name, "; ".join(bad), f"pip install 'tensorflow[and-cuda]=={TF_VERSION}' (or {REINSTALL})")]
+    if missing or outside:
+        found = ([f"{len(missing)} of {len(pins)} missing ({', '.join(missing)})"] if missing else []) + outside
+        return [Check("FAIL", name, "; ".join(found), f"pip install 'tensorflow[and-cuda]=={TF_VERSION}'")]
     return [Check("OK", name, f"{len(pins)} nvidia-* packages within TensorFlow {TF_VERSION}'s pins ({', '.join(good)})")]
 
 
