@@ -103,6 +103,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         stale_total += result.stale_dropped
         if not result.applied:
             checkpoints.save(step)  # the state before the bad step; its update was withheld
+            metrics.flush()
             raise TrainingError(
                 f"step {step}: loss is {result.loss}; stopped without applying it, checkpoint at step {step} "
                 "(lower the learning rate or check the data)"
