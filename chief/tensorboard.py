@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,25 +58,27 @@ def count_gradients(gradients: dict[int, int], record: dict[str, Any]) -> None:
         gradients[worker] = gradients.get(worker, 0) + 1
 
 
-def read_events(path: Path) -> Iterator[Event]:
-    """The events of one file (TFRecord framing); a record cut short by a crash ends the file."""
-    data = path.read_bytes()
-    at = 0
+def read_events(data: bytes) -> tuple[list[Event], bool]:
+    """The events of one file's bytes (TFRecord framing), and whether they end cleanly (a record cut
+    short by a crash ends them)."""
+    events, at = [], 0
     while at + 12 <= len(data):
         (length,) = struct.unpack_from("<Q", data, at)
         start, end = at + 12, at + 12 + length
         if end + 4 > len(data):
-            return
-        yield Event.FromString(data[start:end])
+            break
+        events.append(Event.FromString(data[start:end]))
         at = end + 4
+    return events, at == len(data)
 
 
 def truncate_events(log_dir: Path, keep_before: int) -> None:
-    """Drop every event at step >= `keep_before` from the event files in `log_dir` (tmp + rename)."""
+    """Drop every event at step >= `keep_before` (and a tail cut short by a crash) from the event files
+    in `log_dir`; each file changed is rewritten as tmp + rename."""
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        events = list(read_events(path))
+        events, clean = read_events(path.read_bytes())
         kept = [e for e in events if e.HasField("file_version") or e.step < keep_before]
-        if len(kept) == len(events):
+        if clean and len(kept) == len(events):
             continue
         if all(e.HasField("file_version") for e in kept):
             path.unlink()

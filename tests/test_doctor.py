@@ -139,22 +139,45 @@ def test_cluster_versions_clock_and_round_trip():
     assert found == {"cluster.round_trip": "OK", "cluster.clock": "OK"}
     found = levels(checks.clock_and_latency([0.2, 0.3, 0.25], -4.2, "h:1"))
     assert found == {"cluster.round_trip": "WARN", "cluster.clock": "WARN"}
+    trips = levels(checks.task_round_trips({"ps:0": 0.0004, "worker:1": 0.08, "worker:2": "cannot connect to h:3 (x)"}))
+    assert trips == {
+        "cluster.round_trip.ps:0": "OK",
+        "cluster.round_trip.worker:1": "WARN",
+        "cluster.round_trip.worker:2": "FAIL",
+    }
 
 
 def test_cluster_checks_against_a_real_control_plane():
     """--chief: the Status RPC of a real control-plane server (gRPC on loopback)."""
-    expected = {("chief", 0): "127.0.0.1:1", ("worker", 0): "127.0.0.1:2"}
+    listening, closed = socket.socket(), socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: a registered task whose server is gone
+    up, down = (f"127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+    expected = {("chief", 0): "127.0.0.1:1", ("worker", 0): up, ("worker", 1): down}
     registry = Registry(expected, local_versions(), heartbeat_timeout=10)
-    registry.register(("worker", 0), "box", "127.0.0.1:2", 42, local_versions(), [])
+    registry.register(("worker", 0), "box", up, 42, local_versions(), [])
+    registry.register(("worker", 1), "box", down, 43, local_versions(), [])
     creds = Credentials("secret-token")
     server, port = serve(ControlPlane(registry, 1.0, lambda reason: None, lambda hosts: ({}, [])), "127.0.0.1:0", creds)
     try:
         found = cluster_checks(f"127.0.0.1:{port}", creds)
-        assert levels(found) == {"cluster.versions": "OK", "cluster.round_trip": "OK", "cluster.clock": "OK"}, found
+        assert levels(found) == {
+            "cluster.versions": "OK",
+            "cluster.round_trip": "OK",
+            "cluster.clock": "OK",
+            "cluster.round_trip.worker:0": "OK",
+            "cluster.round_trip.worker:1": "FAIL",
+        }, found
+        assert by_name([c.as_dict() for c in found])["cluster.round_trip.worker:1"]["message"].startswith(
+            f"cannot connect to {down}"
+        )
         refused = cluster_checks(f"127.0.0.1:{port}", Credentials("wrong"))
         assert refused[0].level == "FAIL" and "refused the token" in refused[0].message
     finally:
         server.stop(grace=0)
+        listening.close()
+        closed.close()
 
 
 # --- the command, with a fake nvidia-smi --------------------------------------------------------

@@ -91,3 +91,19 @@ def test_learning_rate_joins_the_step_record(tmp_path):
         log.write(step_record(step, 1.0))
     log.close()
     assert [round(v, 6) for _, v in read_scalars(tmp_path / "tensorboard" / "train")["learning_rate"]] == [0.1, 0.05, 0.033333]
+
+
+def test_a_tail_cut_short_by_a_crash_is_dropped_on_resume(tmp_path):
+    from chief.tensorboard import read_events
+
+    path = tmp_path / "metrics.jsonl"
+    first = MetricsLog(path, resume_step=0, examples_per_step=64)
+    for step in range(6):
+        first.write(step_record(step, loss=1.0))
+    first.close()
+    (events_file,) = (tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*")
+    events_file.write_bytes(events_file.read_bytes()[:-7])  # the last record half written
+    assert read_events(events_file.read_bytes())[1] is False
+    MetricsLog(path, resume_step=4, examples_per_step=64).close()
+    events, clean = read_events(events_file.read_bytes())
+    assert clean and sorted({e.step for e in events if e.HasField("summary")}) == [0, 1, 2, 3]

@@ -422,5 +422,19 @@ def clock_and_latency(round_trips_s: list[float], skew_s: float | None, chief: s
     return out
 
 
+def task_round_trips(results: dict[str, float | str]) -> list[Check]:
+    """`results`: registered task -> median TCP connect seconds to its TF server, or why none."""
+    out = []
+    for task, result in sorted(results.items()):
+        name = f"cluster.round_trip.{task}"
+        if isinstance(result, str):
+            out.append(Check("FAIL", name, result, "check the firewall between this machine and that task's host"))
+        else:
+            level = "OK" if result < 0.05 else "WARN"
+            fix = "" if level == "OK" else "put the machines on one fast network: every step makes several round trips"
+            out.append(Check(level, name, f"TCP connect to its TensorFlow server: {result * 1000:.1f} ms", fix))
+    return out
+
+
 def exit_code(checks: list[Check]) -> int:
     return 1 if any(c.level == "FAIL" for c in checks) else 0

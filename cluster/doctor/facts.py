@@ -161,3 +161,19 @@ def chief_status(address: str, creds, tries: int = 3) -> tuple[dict, list[float]
             skews.append(wall0 + trip / 2 - reply.time)
     skew = sorted(skews)[len(skews) // 2] if skews else None
     return status_dict(reply), trips, skew
+
+
+def connect_time(address: str, tries: int = 3, timeout_s: float = 2.0) -> float | str:
+    """Median seconds of a TCP connect to `address` (a task's TF server: one round trip), or why not."""
+    from cluster.config import parse_address
+
+    host, port = parse_address("task", address)
+    times = []
+    for _ in range(tries):
+        t0 = time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                times.append(time.monotonic() - t0)
+        except OSError as e:
+            return f"cannot connect to {address} ({e.strerror or type(e).__name__})"
+    return sorted(times)[len(times) // 2]

@@ -86,7 +86,12 @@ def cluster_checks(chief: str, creds) -> list[checks.Check]:
         return [
             checks.Check("FAIL", "cluster", f"no control plane answers at {chief} ({e.code().name})", "is the cluster running?")
         ]
-    return checks.cluster_versions(local_versions(), status["tasks"]) + checks.clock_and_latency(trips, skew, chief)
+    registered = {t["task"]: t["address"] for t in status["tasks"] if t.get("state") not in ("missing", "lost")}
+    return (
+        checks.cluster_versions(local_versions(), status["tasks"])
+        + checks.clock_and_latency(trips, skew, chief)
+        + checks.task_round_trips({task: facts.connect_time(address) for task, address in registered.items()})
+    )
 
 
 def doctor(config_file: str | None, chief: str | None, creds, as_json: bool) -> int:
