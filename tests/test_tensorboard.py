@@ -107,3 +107,13 @@ def test_a_tail_cut_short_by_a_crash_is_dropped_on_resume(tmp_path):
     MetricsLog(path, resume_step=4, examples_per_step=64).close()
     events, clean = read_events(events_file.read_bytes())
     assert clean and sorted({e.step for e in events if e.HasField("summary")}) == [0, 1, 2, 3]
+
+
+def test_flush_puts_every_step_on_disk_while_the_run_goes_on(tmp_path):
+    """What the trainer calls at each checkpoint: the events so far are readable before close()."""
+    log = MetricsLog(tmp_path / "metrics.jsonl", 0, examples_per_step=64)
+    for step in range(5):
+        log.write(step_record(step, 1.0))
+    log.flush()
+    assert [s for s, _ in read_scalars(tmp_path / "tensorboard" / "train")["loss"]] == [0, 1, 2, 3, 4]
+    log.close()
