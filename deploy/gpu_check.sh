@@ -17,12 +17,14 @@ source "$root/deploy/bootstrap.sh"
 cd "$PSTRAIN_ROOT"
 workers=$(( gpus < 8 ? gpus : 8 ))
 out=runs/gpu-check-$(date +%Y%m%d-%H%M%S)
-echo "pstrain: gpu_check: $gpus GPU(s); results in $out"
-if ! pstrain doctor; then
+mkdir -p "$out"
+config=$out/cluster.toml
+printf '[cluster]\nworkers = %d\n[train]\nsteps = 100\nglobal_batch_size = %d\n' "$workers" $(( 64 * workers )) > "$config"
+echo "pstrain: gpu_check: $gpus GPU(s), $workers workers; results in $out"
+if ! pstrain doctor --config "$config"; then
   echo "pstrain: error: gpu_check: pstrain doctor reports a FAIL (above); fix it first" >&2
   exit 1
 fi
-common=(--steps 100 --global-batch-size $(( 64 * workers )) "$@")
-PSTRAIN_LOG_DEVICE_PLACEMENT=1 pstrain launch --workers "$workers" --run-dir "$out/cluster" "${common[@]}"
-CUDA_VISIBLE_DEVICES=0 pstrain train --standalone --run-dir "$out/standalone" "${common[@]}"
+PSTRAIN_LOG_DEVICE_PLACEMENT=1 pstrain launch --config "$config" --run-dir "$out/cluster" "$@"
+CUDA_VISIBLE_DEVICES=0 pstrain train --standalone --config "$config" --run-dir "$out/standalone" "$@"
 exec python -m cluster.doctor.gpu_check "$out/cluster" "$out/standalone"
