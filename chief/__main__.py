@@ -12,6 +12,10 @@ from cluster.launch.lifetime import die_with_parent  # noqa: E402
 from cluster.rundir import load_train  # noqa: E402
 
 die_with_parent()
+if os.environ.get("PSTRAIN_LOG_DEVICE_PLACEMENT") == "1":
+    import tensorflow as tf
+
+    tf.debugging.set_log_device_placement(True)
 parser = argparse.ArgumentParser(prog="python -m chief")
 parser.add_argument("--run-dir", required=True, type=Path)
 args = parser.parse_args()

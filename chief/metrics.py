@@ -5,16 +5,29 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from chief.tensorboard import TensorBoardLog
+
 
 class MetricsLog:
-    """Append-only step log; on resume, lines past the restored step are dropped first."""
+    """Append-only step log; on resume, lines past the restored step are dropped first. Every record
+    also goes to the TensorBoard event files under the same run dir (chief/tensorboard.py)."""
 
-    def __init__(self, path: Path, resume_step: int):
+    def __init__(
+        self,
+        path: Path,
+        resume_step: int,
+        examples_per_step: int | None = None,
+        learning_rate: Callable[[int], float | None] | None = None,
+    ):
+        """`learning_rate(step)`, where given, adds "learning_rate" to every step record."""
         self.path = path
-        kept = []
+        self.learning_rate = learning_rate
+        kept, history = [], []
         if path.exists():
             for line in path.read_text().splitlines():
                 try:
@@ -23,32 +36,76 @@ class MetricsLog:
                     continue  # a line cut short by a crash
                 if "step" in record and record["step"] < resume_step:
                     kept.append(line)
+                    history.append(record)
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(f"{line}\n" for line in kept))
         tmp.replace(path)
         self._file = open(path, "a", buffering=1)
+        self.tensorboard = TensorBoardLog(path.parent / "tensorboard", resume_step, examples_per_step, history)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self.learning_rate and "step" in record and "event" not in record:
+            rate = self.learning_rate(record["step"])
+            record = record if rate is None else {**record, "learning_rate": rate}
         self._file.write(json.dumps(record) + "\n")
+        self.tensorboard.write(record)
+
+    def flush(self) -> None:
+        """At checkpoints: what is on disk covers the checkpointed steps."""
+        self._file.flush()
+        self.tensorboard.flush()
 
     def close(self) -> None:
         self._file.close()
+        self.tensorboard.close()
+
+
+def learning_rate_fn(optimizer: Any) -> Callable[[int], float | None]:
+    """step -> the optimizer's learning rate: a schedule is evaluated at the step (locally), a fixed
+    rate is read once (on a cluster it is a variable on a ps); None where the optimizer has none."""
+    import tf_keras
+
+    hyper = getattr(optimizer, "_hyper", {}).get("learning_rate")  # tf_keras.optimizers.legacy.*
+    if hyper is None:
+        hyper = getattr(optimizer, "learning_rate", None)
+    if isinstance(hyper, tf_keras.optimizers.schedules.LearningRateSchedule):
+        return lambda step: float(hyper(step))
+    try:
+        value = float(hyper.numpy() if hasattr(hyper, "numpy") else hyper)
+    except (TypeError, ValueError, AttributeError):
+        return lambda step: None
+    return lambda step: value
+
+
+def format_eta(seconds: float) -> str:
+    """0:09, 1:01, 1:02:05."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class Progress:
-    """A one-line bar on a terminal, else a line every ~5 % of the run."""
+    """A one-line bar on a terminal, else a line every ~5 % of the run; both with the rate (steps/s
+    over the last RATE_WINDOW steps) and the time left at that rate."""
 
-    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout):
-        self.total, self.start, self.tty, self.out = total, start, tty, out
-        self.t0 = time.monotonic()
+    RATE_WINDOW = 20
+
+    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout, clock: Callable[[], float] = time.monotonic):
+        self.total, self.start, self.tty, self.out, self.clock = total, start, tty, out, clock
         self.every = max(1, total // 20)
+        self.ends: deque[tuple[int, float]] = deque(maxlen=self.RATE_WINDOW + 1)  # (steps done, time)
 
     def update(self, step: int, loss: float, examples_per_s: float, aggregated: int) -> None:
         done = step + 1
+        self.ends.append((done, self.clock()))
         text = f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
+        (first, t_first), (last, t_last) = self.ends[0], self.ends[-1]
+        if last > first and t_last > t_first:
+            rate = (last - first) / (t_last - t_first)
+            text += f"  {rate:.1f} steps/s  ETA {format_eta((self.total - done) / rate)}"
         if self.tty:
             filled = int(30 * done / self.total)
-            self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}")
+            self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}\x1b[K")  # erase what a longer line left
             if done == self.total:
                 self.out.write("\n")
         elif done % self.every == 0 or done == self.total or done == self.start + 1:

@@ -27,7 +27,7 @@ from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
 from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import Job, checked_arrays, load_job
-from chief.metrics import MetricsLog, Progress
+from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
 from cluster.config import TrainConfig
@@ -97,7 +97,12 @@ class TrainingRun:
             job,
             engine,
             checkpoints,
-            MetricsLog(run_dir / "metrics.jsonl", first),
+            MetricsLog(
+                run_dir / "metrics.jsonl",
+                first,
+                examples_per_step=train.global_batch_size,
+                learning_rate=learning_rate_fn(engine.state.optimizer),
+            ),
             progress,
             agent,
             eval_set,
@@ -121,6 +126,7 @@ class TrainingRun:
         self.stale_total += result.stale_dropped
         if not result.applied:
             self.checkpoints.save(step)  # the state before the bad step; its update was withheld
+            self.metrics.flush()
             raise TrainingError(
                 f"step {step}: loss is {result.loss}; stopped without applying it, checkpoint at step {step} "
                 "(lower the learning rate or check the data)"
@@ -147,6 +153,7 @@ class TrainingRun:
         every = self.train.checkpoint_every
         if every and done % every == 0 and done < self.train.steps:
             self.checkpoints.save(done)
+            self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
     def stop_with_checkpoint(self, done: int, stop: StopTrap) -> int:
         """Save the state after `done` applied steps; exit as the stop signal asks."""

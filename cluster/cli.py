@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_control_flags(command)
         if name == "status":
             command.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("plot", help="write PNGs of a run to RUN_DIR/plots/").add_argument("run_dir", metavar="RUN_DIR")
+    doctor = sub.add_parser("doctor", help="check this machine (GPUs, drivers, ports, hosts) and a running cluster")
+    doctor.add_argument("--config", help="the cluster config to check against (default: the defaults)")
+    doctor.add_argument("--chief", help="HOST:PORT of a running chief's control plane: versions, clock, round trip")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    add_control_flags(doctor)
     return parser
 
 
@@ -160,6 +166,15 @@ def main(argv: list[str] | None = None) -> int:
             return control_call(args)
         if args.command == "node":
             return run_node_command(args)
+        if args.command == "doctor":
+            from cluster.doctor.run import doctor
+
+            return doctor(args.config, args.chief, control_credentials(args) if args.chief else None, args.json)
+        if args.command == "plot":
+            from chief.plots import render
+
+            print("\n".join(f"pstrain: wrote {p}" for p in render(Path(args.run_dir))))
+            return 0
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)

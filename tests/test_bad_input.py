@@ -84,6 +84,8 @@ def test_server_with_invalid_tf_config(tf_config, message):
 def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message):
     result = run_pstrain(["launch", "--job", job, "--steps", "5", "--run-dir", str(tmp_path / "r")], timeout=180)
     assert_one_line_error(result, message, code=code)
+    assert f"pstrain: chief-0 exited with code {code}; its log: {tmp_path / 'r' / 'logs' / 'chief-0.log'}" in result.output
+    assert "I0000" not in result.output and "oneDNN" not in result.output, "TensorFlow's output stays in the logs"
     assert len(result.seen_pids) >= 4, "the cluster was started"
     assert_no_orphans(result)
 

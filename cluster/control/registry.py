@@ -29,6 +29,7 @@ class TaskRecord:
     step: int = 0
     steps_per_s: float = 0.0
     gradients: int = 0
+    versions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Registry:
                     "each slot runs once (stop the other task or fix the task index)"
                 )
             now = self.clock()
-            self.tasks[key] = TaskRecord(host, address, pid, list(devices), now, now)
+            self.tasks[key] = TaskRecord(host, address, pid, list(devices), now, now, versions=dict(versions))
             return True, ""
 
     def heartbeat(self, key: TaskId, state: str, resources: dict[str, float], step: int, gradients: dict[int, int]) -> bool:
@@ -153,6 +154,7 @@ class Registry:
                         rss_bytes=record.rss_bytes,
                         gpu_memory_bytes=record.gpu_memory_bytes,
                         devices=record.devices,
+                        versions=record.versions,
                     )
                 rows.append(row)
             return {

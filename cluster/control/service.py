@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -66,7 +67,9 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
         return pb.HeartbeatReply(stop=stop)
 
     def Status(self, request, context):
-        return status_message(self.registry.status())
+        reply = status_message(self.registry.status())
+        reply.time = time.time()
+        return reply
 
     def Stop(self, request, context):
         self.on_stop(request.reason or "pstrain stop")
@@ -103,6 +106,7 @@ def status_message(status: dict) -> pb.StatusReply:
                     gpu_memory_bytes=row.get("gpu_memory_bytes", 0),
                 ),
                 devices=row.get("devices", []),
+                versions=pb.Versions(**row.get("versions", {})),
             )
         )
     return reply
@@ -130,6 +134,7 @@ def status_dict(reply: pb.StatusReply) -> dict:
                 rss_bytes=t.resources.rss_bytes,
                 gpu_memory_bytes=t.resources.gpu_memory_bytes,
                 devices=list(t.devices),
+                versions={"pstrain": t.versions.pstrain, "tensorflow": t.versions.tensorflow, "python": t.versions.python},
             )
         tasks.append(row)
     return {"state": reply.state, "step": reply.step, "total_steps": reply.total_steps, "tasks": tasks}

@@ -190,6 +190,12 @@ class Supervision:
                 code, chief.restarts, self.cluster.max_restarts, self.stop.exit_code if self.stop.requested else None
             )
             if isinstance(decision, Finish):
+                if decision.exit_code and not self.stop.requested:  # the console shows only pstrain's lines
+                    print(
+                        f"pstrain: {chief.task.log_name} exited with code {code}; its log: {chief.log_path}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return decision.exit_code
             self._restart_dead_servers()
             failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop)

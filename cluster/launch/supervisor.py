@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from cluster.launch.console import ConsoleFilter
 from cluster.launch.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
 from cluster.task import TaskId
@@ -94,7 +95,9 @@ class Supervisor:
 
 
 def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO) -> None:
-    """Copy a child's output to its log and the console, byte for byte (progress bars keep their \\r)."""
+    """Copy a child's output to its log byte for byte, and pstrain's lines of it (progress bars keep
+    their \\r) to the console; TensorFlow's own output stays in the log (cluster/launch/console.py)."""
+    console = ConsoleFilter()
     with log_file:
         while True:
             chunk = os.read(source.fileno(), 65536)
@@ -102,9 +105,11 @@ def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO) -> None:
                 break
             log_file.write(chunk)
             log_file.flush()
+            shown = console.feed(chunk)
             try:
-                echo.write(chunk)
-                echo.flush()
+                if shown:
+                    echo.write(shown)
+                    echo.flush()
             except (OSError, ValueError):
                 pass
 

@@ -1,0 +1,108 @@
+"""`pstrain doctor`: gather the facts, run the checks, print one line per check (or JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+
+from cluster.config import ConfigError, load_toml, parse_address, resolve
+from cluster.doctor import checks, facts
+from cluster.plan import cluster_spec
+
+ANY_GPU = 1 << 20  # resolve explicit worker_gpus as given; the doctor itself says which index is missing
+
+
+def machine_checks(config_file: str | None) -> list[checks.Check]:
+    """Every check of this machine, and of the config (the defaults without one) on it."""
+    smi = facts.nvidia_smi()
+    dists = facts.distributions()
+    requirements = facts.tf_requirements(dists)
+    try:
+        config_found, probes = config_checks(config_file, smi)
+    except ConfigError as e:
+        config_found, probes = [checks.Check("FAIL", "config", str(e), "fix the config file")], {}
+    # The build info comes from a worker's probe where one ran, else from a probe of its own.
+    any_probe = next(iter(probes.values()), None)
+    build = (any_probe if any_probe and any_probe.build else facts.probe(os.environ.get("CUDA_VISIBLE_DEVICES"), False)).build
+    out = checks.tensorflow_wheel(dists, build, smi)
+    out += checks.cuda_libraries(requirements, dists, build, smi)
+    out += checks.driver(smi, checks.cuda_major(build, requirements))
+    out += config_found
+    out += checks.gpu_memory(smi, frozenset({os.getpid()}))
+    out += checks.interconnect(smi)
+    out += checks.tf_config(os.environ.get("TF_CONFIG"))
+    return out
+
+
+def config_checks(config_file: str | None, smi: checks.Smi) -> tuple[list[checks.Check], dict[str, checks.Probe]]:
+    """GPUs per worker (probed in a process each), ports, hosts, run dir and exposure of the config."""
+    from cluster.config import is_local_host
+    from cluster.launch.hosts import local_addresses
+
+    raw = load_toml(config_file) if config_file else {}
+    explicit = isinstance(raw.get("cluster", {}).get("worker_gpus"), list)
+    config = resolve(raw, gpu_count=ANY_GPU if explicit else len(smi.gpus))
+    cluster, local = config.cluster, local_addresses()
+    spec = cluster_spec(cluster)
+    addresses = {f"{kind}-{i}": a for kind, tasks in spec.items() for i, a in enumerate(tasks)}
+    addresses["control"] = cluster.control
+    parsed = {task: parse_address(task, a) for task, a in addresses.items()}
+    here = {task for task, (host, _) in parsed.items() if is_local_host(host, local)}
+    assigned = {f"worker-{i}": gpu for i, gpu in enumerate(cluster.worker_gpus) if f"worker-{i}" in here}
+    indices = {g.index for g in smi.gpus}
+    probes = {w: facts.probe(str(gpu), matmul=True) for w, gpu in assigned.items() if gpu is not None and gpu in indices}
+    wheel_is_cpu = not any(str(p.build.get("is_cuda_build")) == "True" for p in probes.values())
+    out = checks.worker_gpus(assigned, smi, probes, wheel_is_cpu)
+    out += checks.ports({t: facts.port_state(*parsed[t]) for t in sorted(here)})
+    hosts: dict[str, str] = {}
+    for host, port in parsed.values():
+        hosts.setdefault(host, facts.host_state(host, port, local))
+    out += checks.hosts(hosts)
+    run_dir = config.train.run_dir or "runs"
+    out += checks.run_dir(run_dir, *facts.writable(Path(run_dir)))
+    interfaces = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs]
+    out += checks.exposure(interfaces, {t: facts.resolve_ip(h) for t, (h, _) in parsed.items() if t != "control"})
+    return out, probes
+
+
+def cluster_checks(chief: str, creds) -> list[checks.Check]:
+    import grpc
+
+    from cluster.versions import local_versions
+
+    parse_address("--chief", chief)
+    try:
+        status, trips, skew = facts.chief_status(chief, creds)
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return [
+                checks.Check(
+                    "FAIL", "cluster", f"the chief at {chief} refused the token", "pass --token-file with the cluster's token"
+                )
+            ]
+        return [
+            checks.Check("FAIL", "cluster", f"no control plane answers at {chief} ({e.code().name})", "is the cluster running?")
+        ]
+    registered = {t["task"]: t["address"] for t in status["tasks"] if t.get("state") not in ("missing", "lost")}
+    return (
+        checks.cluster_versions(local_versions(), status["tasks"])
+        + checks.clock_and_latency(trips, skew, chief)
+        + checks.task_round_trips({task: facts.connect_time(address) for task, address in registered.items()})
+    )
+
+
+def doctor(config_file: str | None, chief: str | None, creds, as_json: bool) -> int:
+    found = machine_checks(config_file)
+    if chief:
+        found += cluster_checks(chief, creds)
+    if as_json:
+        print(json.dumps([c.as_dict() for c in found], indent=2))
+    else:
+        print("\n".join(c.line() for c in found))
+        fails = sum(c.level == "FAIL" for c in found)
+        warns = sum(c.level == "WARN" for c in found)
+        print(f"pstrain doctor: {fails} FAIL, {warns} WARN, {len(found)} checks")
+    return checks.exit_code(found)
