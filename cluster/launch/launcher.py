@@ -19,7 +19,7 @@ from cluster.errors import EXIT_RESTARTABLE, returncode_exit_code
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
-from cluster.plan import cluster_spec, plan_servers, plan_task
+from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
 from cluster.versions import local_versions
 
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
@@ -65,8 +65,13 @@ def describe_not_ready(child: Child) -> str:
     return f"{child.name} at {child.plan.address} ({state}; see {child.log_path})"
 
 
-def launch(config: Config) -> int:
-    """Run the chief's side of a cluster; returns the chief's exit code."""
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "") -> int:
+    """Run the chief's side of a cluster; returns the chief's exit code.
+
+    `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
+    one of this machine's addresses); `control_bind`: where the control plane listens (default
+    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself.
+    """
     train = config.train
     local = local_addresses()
     cluster = assign_ports(config.cluster, local)
@@ -95,7 +100,7 @@ def launch(config: Config) -> int:
     try:
         servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
         try:
-            server, _ = serve(servicer, cluster.control, creds)
+            server, _ = serve(servicer, control_bind or cluster.control, creds)
         except (OSError, RuntimeError) as e:
             print(f"pstrain: error: cluster.control: cannot serve on {cluster.control} ({e}); pick another port", file=sys.stderr)
             return 2
@@ -105,7 +110,7 @@ def launch(config: Config) -> int:
             flush=True,
         )
         env = control_env(cluster, creds)
-        here = [p for p in plan_servers(cluster) if is_local_host(parse_address("task", p.address)[0], local)]
+        here = [p for p in plan_servers(cluster) if runs_here(p, local, local_tasks)]
         servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
         remote = len(cluster.ps) + len(cluster.workers) - len(here)
         print(
@@ -133,6 +138,12 @@ def launch(config: Config) -> int:
             server.stop(grace=1)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
+    if local_tasks is not None:
+        return (plan.type, plan.index) in local_tasks
+    return is_local_host(parse_address("task", plan.address)[0], local)
 
 
 def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop_signal) -> str:
