@@ -3,20 +3,25 @@ srun command end to end on two network namespaces, each a node with the variable
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
+from chief.jobs import digits
 from cluster.config import ConfigError, resolve
+from cluster.launch.ports import free_port
 from cluster.launch.slurm_node import slurm_config
 from cluster.render.slurm import SRUN, SlurmOptions, render_sbatch
 from cluster.slurm import assigned_gpus, expand_hostlist, expand_tasks_per_node, slurm_node
-from tests.helpers import Result, alive, assert_no_orphans, metrics, run_pstrain
+from tests.helpers import Result, alive, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.netns import can_create_namespaces, lan
 
 
@@ -212,3 +217,146 @@ def test_slurm_end_to_end_on_two_namespaces(tmp_path):
     assert all(r["aggregated"] == 2 and r["workers"] == [0, 1] for r in records), "both nodes' workers in every step"
     assert "running worker-1 at pstnode10:2226" in outputs[1]
     assert "registered with the control plane at pstnode9:2223" in (run_dir / "logs" / "worker-1.log").read_text()
+
+
+# A real single-node Slurm (slurmctld + slurmd + munge from the distribution), started by the test.
+
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "squeue", "sinfo")
+SLURM_CONF = """\
+ClusterName=psttest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+AuthInfo=socket={dir}/munge/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+PlugStackConfig={dir}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+MpiDefault=none
+ReturnToService=2
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+def why_no_slurm() -> str:
+    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (apt-get install slurmctld slurmd slurm-client munge)"
+    if os.geteuid() != 0:
+        return "slurmd runs jobs as other users only as root"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """munged, slurmctld and slurmd on loopback, in a folder of their own; stopped and reaped after."""
+    folder = tmp_path_factory.mktemp("slurm")
+    for sub in ("munge", "state", "spool"):
+        (folder / sub).mkdir()
+    (folder / "munge").chmod(0o700)
+    key = folder / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    (folder / "plugstack.conf").write_text("")
+    conf = folder / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(dir=folder, ctld_port=free_port("127.0.0.1"), slurmd_port=free_port("127.0.0.1")))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    munge = folder / "munge"
+    daemons = [
+        ["munged", "-F", "-f", f"--socket={munge}/munge.sock", f"--key-file={key}", f"--pid-file={munge}/munged.pid"]
+        + [f"--log-file={folder}/munged.log", f"--seed-file={munge}/seed"],
+        ["slurmctld", "-D", "-i", "-f", str(conf)],
+        ["slurmd", "-D", "-f", str(conf), "-N", "localhost"],
+    ]
+    processes = []
+    try:
+        for argv in daemons:
+            processes.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+            time.sleep(1)
+        deadline = time.monotonic() + 60
+        state = ""
+        while time.monotonic() < deadline and state != "idle":
+            sinfo = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)
+            state = sinfo.stdout.strip()
+            time.sleep(0.5)
+        assert state == "idle", f"the test's Slurm did not come up: {(folder / 'slurmctld.log').read_text()[-2000:]}"
+        yield env
+    finally:
+        for p in reversed(processes):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def submit(script: Path, env: dict) -> str:
+    argv = ["sbatch", "--parsable", str(script)]
+    job = subprocess.run(argv, cwd=script.parent, env=env, capture_output=True, text=True, timeout=60)
+    assert job.returncode == 0, job.stderr
+    return job.stdout.strip()
+
+
+def wait_for(env: dict, job: str, deadline: float) -> dict[str, str]:
+    """The job's final state (polled every 0.5 s; `sbatch --wait` polls far less often)."""
+    while time.monotonic() < deadline and job_state(env, job).get("JobState") in ("PENDING", "RUNNING", "COMPLETING"):
+        time.sleep(0.5)
+    return job_state(env, job)
+
+
+def job_state(env: dict, job: str) -> dict[str, str]:
+    text = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30).stdout
+    return dict(item.split("=", 1) for item in text.split() if "=" in item)
+
+
+@pytest.mark.skipif(bool(why_no_slurm()), reason=f"no Slurm here: {why_no_slurm()}")
+def test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes(tmp_path, slurm):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "cluster.toml"
+    config.write_text(CONFIG.format(run_dir=run_dir).replace("steps = 20", "steps = 120").replace("every = 10", "every = 40"))
+    script = tmp_path / "job.sbatch"
+    flags = ["--nodes", "1", "--gpus-per-node", "0", "--time", "00:10:00", "-o", str(script)]
+    result = run_pstrain(["render", "slurm", "--config", str(config), *flags])
+    assert result.returncode == 0, result.output
+    env = {**slurm, "PATH": f"{Path(sys.executable).parent}:{slurm['PATH']}"}
+    job_id = submit(script, env)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(metrics(run_dir)[0] if (run_dir / "metrics.jsonl").exists() else []) < 20:
+        time.sleep(0.2)
+    # What --signal=B:TERM@120 does before the time limit: SIGTERM to the batch shell.
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], env=env, check=True, timeout=30)
+    state = wait_for(env, job_id, deadline)
+    output = (tmp_path / f"pstrain-{job_id}.out").read_text()
+    assert state.get("ExitCode") == "143:0", f"{state}\n{output[-3000:]}"
+    assert "checkpoint saved, run the same command to resume" in output
+    stopped_at = len(metrics(run_dir)[0])
+    assert 20 <= stopped_at < 120 and (run_dir / "checkpoints" / f"ckpt-{stopped_at}.index").exists()
+    again = submit(script, env)
+    state = wait_for(env, again, time.monotonic() + 300)
+    assert state.get("ExitCode") == "0:0", f"{state}\n{(tmp_path / f'pstrain-{again}.out').read_text()[-3000:]}"
+    records, done = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(120)) and done is not None
+    assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text()
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(config) in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"processes left running: {[p.pid for p in left]}"
+    reference = tmp_path / "standalone"
+    result = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "120"])
+    assert result.returncode == 0, result.output
+    features = digits.eval_data()[0]
+    np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)

@@ -68,7 +68,7 @@ def render_sbatch(config: Config, options: SlurmOptions) -> str:
         header.append(f"#SBATCH --partition={options.partition}")
     config_arg = shlex.quote(options.config_path)
     body = f"""
-# Rendered by `pstrain render slurm`: {len(config.cluster.ps)} ps, {len(config.cluster.workers)} workers on {nodes} nodes.
+# Rendered by `pstrain render slurm`: {len(config.cluster.ps)} ps, {len(config.cluster.workers)} workers on {nodes} node(s).
 set -euo pipefail
 # One token for the job's control plane; srun passes the environment to every node.
 export PSTRAIN_TOKEN="${{PSTRAIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(16))')}}"
