@@ -22,8 +22,14 @@ import yaml
 
 from chief.jobs import digits
 from cluster.config import ConfigError, resolve
+from cluster.control.agent import Agent
+from cluster.control.registry import Registry
+from cluster.control.security import Credentials
+from cluster.control.service import ControlPlane, serve
+from cluster.launch.ports import free_port
 from cluster.render.tfjob import TFJobOptions, render_tfjob
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config
+from cluster.versions import local_versions
 from tests import tfjob_operator as operator
 from tests.helpers import Result, alive, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.netns import can_create_namespaces, lan
@@ -190,6 +196,36 @@ def test_task_without_token_fails_in_one_line(tmp_path):
     assert result.output.strip().splitlines() == [
         "pstrain: error: --token-file: no token; pass --token-file or set PSTRAIN_TOKEN to the cluster's shared token"
     ]
+
+
+def test_tasks_register_again_with_a_restarted_chief():
+    """A chief pod restarted by OnFailure serves a new, empty control plane at the same address:
+    the ps and worker pods learn from its heartbeat replies that it does not know them, and join it."""
+    address = f"127.0.0.1:{free_port('127.0.0.1')}"
+    creds = Credentials("t")
+
+    def control_plane():
+        registry = Registry({("chief", 0): "h:1", ("worker", 0): "h:3"}, local_versions(), heartbeat_timeout=5.0)
+        server, _ = serve(ControlPlane(registry, 0.2, lambda reason: None, lambda hosts: ({}, [])), address, creds)
+        return registry, server
+
+    first, server = control_plane()
+    agent = Agent(address, creds, "worker", 0, "h:3", heartbeat_interval=0.2, heartbeat_timeout=5.0)
+    stops: list = []
+    try:
+        agent.register(["CPU:0"], deadline_s=10)
+        agent.start(on_stop=lambda reason, lost: stops.append(reason))
+        assert first.knows(("worker", 0))
+        server.stop(grace=0).wait()
+        second, server = control_plane()
+        deadline = time.monotonic() + 10
+        while not second.knows(("worker", 0)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert second.knows(("worker", 0)) and second.missing() == [("chief:0", "h:1")]
+        assert stops == []
+    finally:
+        agent.close()
+        server.stop(grace=0)
 
 
 # 3. End to end: a pod per network namespace.

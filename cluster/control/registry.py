@@ -96,6 +96,10 @@ class Registry:
                         worker.gradients = count
             return stop
 
+    def knows(self, key: TaskKey) -> bool:
+        with self._lock:
+            return key in self.tasks
+
     def request_stop(self) -> None:
         """Ask the chief to checkpoint and stop; the servers stay up until it has."""
         with self._lock:

@@ -71,7 +71,7 @@ def render_sbatch(config: Config, options: SlurmOptions) -> str:
 # Rendered by `pstrain render slurm`: {len(config.cluster.ps)} ps, {len(config.cluster.workers)} workers on {nodes} node(s).
 set -euo pipefail
 # One token for the job's control plane; srun passes the environment to every node.
-export PSTRAIN_TOKEN="${{PSTRAIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(16))')}}"
+export PSTRAIN_TOKEN="${{PSTRAIN_TOKEN:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')}}"
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # Slurm signals this shell before the time limit: the chief checkpoints and stops every node.
 trap 'pstrain stop --chief "$first_node:{options.port_base + 1}" || true' TERM
