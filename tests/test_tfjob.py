@@ -31,7 +31,7 @@ from cluster.render.tfjob import TFJobOptions, render_tfjob
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config
 from cluster.versions import local_versions
 from tests import tfjob_operator as operator
-from tests.helpers import Result, alive, assert_no_orphans, metrics, predictions, run_pstrain
+from tests.helpers import Result, alive, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
 from tests.netns import can_create_namespaces, lan
 
 CONFIG = """\
@@ -255,61 +255,107 @@ def pod_filesystem(root: Path, tfjob: dict, config_map: dict, rtype: str, pvc: P
     return root
 
 
-@pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
-def test_tfjob_end_to_end_one_namespace_per_pod(tmp_path):
-    documents = render(tmp_path, "--worker-gpus", "0")
-    tfjob, config_map = tfjob_of(documents), next(d for d in documents if d["kind"] == "ConfigMap")
-    names = {f"{rtype.lower()}-{i}": operator.gen_general_name("demo", rtype, i) for rtype, i in PODS}
-    members = {pod: [f"{service}.ml.svc", service] for pod, service in names.items()}
-    pvc = tmp_path / "pvc"
-    pvc.mkdir()
-    venv_bin = str(Path(sys.executable).parent)
-    processes: dict[str, subprocess.Popen] = {}
-    seen: set[int] = set()
-    with lan("pstk8s-", members, "10.252.7") as hosts:
+class Kubelet:
+    """Runs each pod's container command in its namespace and, as restartPolicy OnFailure asks,
+    starts it again when it exits non-zero (at most `max_restarts` times); tracks every process."""
+
+    def __init__(self, tmp_path: Path, hosts: dict, tfjob: dict, config_map: dict, max_restarts: int = 3):
+        self.tmp_path, self.hosts, self.tfjob, self.config_map = tmp_path, hosts, tfjob, config_map
+        self.max_restarts = max_restarts
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, int] = {}
+        self.seen: set[int] = set()
+        (tmp_path / "pvc").mkdir()
+
+    def start(self, rtype: str, index: int) -> None:
+        pod = f"{rtype.lower()}-{index}"
+        root = self.tmp_path / "pods" / pod
+        if not root.exists():
+            pod_filesystem(root, self.tfjob, self.config_map, rtype, self.tmp_path / "pvc")
+        container = self.tfjob["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(root)}
+        env["HOSTNAME"] = operator.gen_general_name(self.tfjob["metadata"]["name"], rtype, index)
+        env.update(operator.pod_env(self.tfjob, rtype, index, SECRETS))
+        log = open(self.tmp_path / f"{pod}.out", "a")
+        command = self.hosts[pod].command(container["command"])
+        self.processes[pod] = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.seen.add(self.processes[pod].pid)
+
+    def run(self, during=None, timeout: float = 300) -> dict[str, int]:
+        """Until every pod has exited 0 or used up its restarts; returns the last exit codes."""
+        deadline = time.monotonic() + timeout
         try:
-            for rtype, index in PODS:
-                pod = f"{rtype.lower()}-{index}"
-                root = pod_filesystem(tmp_path / "pods" / pod, tfjob, config_map, rtype, pvc)
-                container = tfjob["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
-                env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(root), "HOSTNAME": names[pod]}
-                env.update(operator.pod_env(tfjob, rtype, index, SECRETS))
-                log = open(tmp_path / f"{pod}.out", "w")
-                processes[pod] = subprocess.Popen(
-                    hosts[pod].command(container["command"]), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT
-                )
-            deadline = time.monotonic() + 300
-            while any(p.poll() is None for p in processes.values()) and time.monotonic() < deadline:
-                for p in processes.values():
+            while time.monotonic() < deadline:
+                for pod, p in list(self.processes.items()):
                     try:
-                        seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
+                        self.seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
                     except psutil.NoSuchProcess:
                         pass
+                    if p.poll() not in (None, 0) and self.restarts.get(pod, 0) < self.max_restarts:
+                        self.restarts[pod] = self.restarts.get(pod, 0) + 1
+                        rtype = {"chief": "Chief", "ps": "PS", "worker": "Worker"}[pod.split("-")[0]]
+                        self.start(rtype, int(pod.split("-")[1]))
+                if all(p.poll() is not None for p in self.processes.values()):
+                    break
+                if during:
+                    during(self)
                 time.sleep(0.2)
         finally:
-            for p in processes.values():
+            for p in self.processes.values():
                 if p.poll() is None:
                     p.kill()
                 p.wait()
-            for p in alive(seen):
+            for p in alive(self.seen):
                 p.kill()
+        return {pod: p.returncode for pod, p in self.processes.items()}
+
+    def output(self, pod: str) -> str:
+        return (self.tmp_path / f"{pod}.out").read_text()
+
+
+@pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
+def test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart(tmp_path):
+    """The rendered pods train to the standalone model; the chief pod is killed once mid-run (as
+    a node failure would) and restarted as OnFailure does: it resumes from its checkpoint on the
+    claim and the running ps and worker pods register with it again."""
+    documents = render(tmp_path, "--worker-gpus", "0", steps=60)
+    tfjob, config_map = tfjob_of(documents), next(d for d in documents if d["kind"] == "ConfigMap")
+    names = {f"{rtype.lower()}-{i}": operator.gen_general_name("demo", rtype, i) for rtype, i in PODS}
+    members = {pod: [f"{service}.ml.svc", service] for pod, service in names.items()}
+    run_dir = tmp_path / "pvc" / "demo"
+    killed: list[int] = []
+
+    def kill_chief_once(kubelet: Kubelet) -> None:
+        if not killed and step_lines(run_dir) >= 15:
+            chief = kubelet.processes["chief-0"]
+            chief.kill()
+            killed.append(step_lines(run_dir))
+
+    with lan("pstk8s-", members, "10.252.7") as hosts:
+        kubelet = Kubelet(tmp_path, hosts, tfjob, config_map)
+        for rtype, index in PODS:
+            kubelet.start(rtype, index)
+        codes = kubelet.run(during=kill_chief_once)
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    outputs = {pod: (tmp_path / f"{pod}.out").read_text() for pod in processes}
-    codes = {pod: p.returncode for pod, p in processes.items()}
-    assert codes == dict.fromkeys(processes, 0), f"{codes}\n" + "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in outputs.items())
-    assert_no_orphans(Result(0, "", seen | {p.pid for p in processes.values()}))
+    outputs = {pod: kubelet.output(pod) for pod in kubelet.processes}
+    detail = f"{codes} restarts {kubelet.restarts}\n" + "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in outputs.items())
+    assert codes == dict.fromkeys(names, 0), detail
+    assert killed and kubelet.restarts == {"chief-0": 1}, f"the chief pod alone was restarted, once: {detail}"
+    assert_no_orphans(Result(0, "", kubelet.seen))
     assert all(h.namespace in listed for h in hosts.values()), "sanity: the namespaces existed while the pods ran"
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(h.namespace in after for h in hosts.values()) and not any(
         (Path("/etc/netns") / h.namespace).exists() for h in hosts.values()
     ), "the test removes its namespaces"
-    run_dir = pvc / "demo"
     records, done = metrics(run_dir)
-    assert [r["step"] for r in records] == list(range(20)) and done is not None
+    assert [r["step"] for r in records] == list(range(60)) and done is not None
     assert all(r["aggregated"] == 2 and r["workers"] == [0, 1] for r in records), "both worker pods in every step"
-    assert "registered" in outputs["worker-1"] and "demo-chief-0.ml.svc:2229" in outputs["worker-1"]
+    assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text()
+    for pod in ("ps-0", "worker-0", "worker-1"):
+        assert "registered with the control plane at demo-chief-0.ml.svc:2229" in outputs[pod]
+        assert "does not know this task; registering again" in outputs[pod], f"{pod} joined the restarted chief"
     reference = tmp_path / "standalone"
-    result = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "20"])
+    result = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "60"])
     assert result.returncode == 0, result.output
     features = digits.eval_data()[0]
     np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
