@@ -62,8 +62,8 @@ def expand_hostlist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str
         raise ConfigError(f"{variable}: empty; run under Slurm (sbatch/srun) or set it, e.g. node[1-2]")
     hosts: list[str] = []
     for part in _split_top(text.strip(), variable):
-        if not part:
-            raise ConfigError(f"{variable}: empty host name in {text!r}; remove the extra ','")
+        if not part or "[]" in part:
+            raise ConfigError(f"{variable}: empty host name or range in {text!r}; expected e.g. node[1-4],login1")
         names = [""]
         for literal, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part):
             if not literal and not body:
@@ -87,8 +87,8 @@ def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
     return counts
 
 
-def assigned_gpus(env: Mapping[str, str]) -> list[int]:
-    """The GPUs this node's step may use, as this process must name them."""
+def assigned_gpus(env: Mapping[str, str]) -> tuple[str, list[int]]:
+    """(the variable they came from, the GPUs this node's step may use, as this process must name them)."""
     for variable in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         value = env.get(variable, "").strip()
         if value and value not in ("NoDevFiles", "void"):
@@ -97,8 +97,8 @@ def assigned_gpus(env: Mapping[str, str]) -> list[int]:
                 if not item.strip().isdigit():
                     raise ConfigError(f"{variable}: {item!r} in {value!r} is not a GPU index; pstrain expects e.g. 0,1")
                 gpus.append(int(item))
-            return gpus
-    return []
+            return variable, gpus
+    return "", []
 
 
 @dataclass(frozen=True)
@@ -152,11 +152,9 @@ def slurm_node(env: Mapping[str, str], cluster: ClusterConfig, port_base: int = 
         )
     placement = worker_nodes(worker_count, len(nodes))
     mine = [j for j, n in enumerate(placement) if n == node_index]
-    gpus = assigned_gpus(env)
+    source, gpus = assigned_gpus(env)
     if gpus and len(gpus) < len(mine):
-        raise ConfigError(
-            f"SLURM_JOB_GPUS: this node has {len(gpus)} GPUs for {len(mine)} workers; ask for --gpus-per-node={len(mine)}"
-        )
+        raise ConfigError(f"{source}: this node has {len(gpus)} GPUs for {len(mine)} workers; use --gpus-per-node={len(mine)}")
     worker_gpus = [None] * worker_count
     for slot, j in enumerate(mine):
         worker_gpus[j] = gpus[slot] if gpus else None

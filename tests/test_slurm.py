@@ -49,6 +49,7 @@ def test_hostlists_keep_slurms_order_and_zero_padding():
         (lambda: expand_hostlist("node[a-b]"), "SLURM_JOB_NODELIST: 'a-b' in 'node\\[a-b\\]' is not a number or range"),
         (lambda: expand_hostlist("node[3-1]"), "SLURM_JOB_NODELIST: range '3-1' .* runs backwards"),
         (lambda: expand_hostlist("n1,n1"), "SLURM_JOB_NODELIST: 'n1,n1' names a host twice"),
+        (lambda: expand_hostlist("n[],m1"), "SLURM_JOB_NODELIST: empty host name or range"),
         (lambda: expand_hostlist("", "SLURM_STEP_NODELIST"), "SLURM_STEP_NODELIST: empty"),
         (lambda: expand_tasks_per_node("2(x)"), "SLURM_TASKS_PER_NODE: '2\\(x\\)' in '2\\(x\\)' is not N or N\\(xM\\)"),
         (lambda: assigned_gpus({"CUDA_VISIBLE_DEVICES": "GPU-3f2a"}), "CUDA_VISIBLE_DEVICES: 'GPU-3f2a'"),
@@ -94,7 +95,8 @@ def test_gpus_come_from_what_slurm_assigned():
     node = slurm_node(env_for(1, "gpu[01-02]", SLURM_JOB_GPUS="4,6"), cluster)
     assert node.local_tasks == {("ps", 1), ("worker", 2), ("worker", 3)}
     assert node.cluster.worker_gpus == (None, None, 4, 6)
-    assert assigned_gpus({"SLURM_STEP_GPUS": "1,2", "SLURM_JOB_GPUS": "0,1,2,3"}) == [1, 2]
+    assert assigned_gpus({"SLURM_STEP_GPUS": "1,2", "SLURM_JOB_GPUS": "0,1,2,3"}) == ("SLURM_STEP_GPUS", [1, 2])
+    assert assigned_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ("", [])
     with pytest.raises(ConfigError, match="SLURM_JOB_GPUS: this node has 1 GPUs for 2 workers"):
         slurm_node(env_for(0, "gpu[01-02]", SLURM_JOB_GPUS="4"), cluster)
 
