@@ -101,6 +101,13 @@ def assigned_gpus(env: Mapping[str, str]) -> tuple[str, list[int]]:
     return "", []
 
 
+def check_port_base(port_base: int, ps: int, workers: int) -> None:
+    last = port_base + 2 + ps + workers - 1
+    if port_base < 1024 or last > 65535:
+        highest = 65535 - ps - workers - 1
+        raise ConfigError(f"--port-base: {port_base} puts the ports at {port_base}-{last}; give a base from 1024 to {highest}")
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     nodes: tuple[str, ...]  # in Slurm's order
@@ -146,6 +153,7 @@ def slurm_node(env: Mapping[str, str], cluster: ClusterConfig, port_base: int = 
     if node_index >= len(nodes):
         raise ConfigError(f"SLURM_NODEID: {node_index} but {nodelist_var} names {len(nodes)} nodes")
     ps_count, worker_count = len(cluster.ps), len(cluster.workers)
+    check_port_base(port_base, ps_count, worker_count)
     if worker_count < len(nodes):
         raise ConfigError(
             f"cluster.workers: {worker_count} workers on {len(nodes)} nodes leave a node idle; use at most {worker_count} nodes"

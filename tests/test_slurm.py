@@ -117,6 +117,11 @@ def test_inconsistent_slurm_variables_are_refused(env, message):
         slurm_node(env, resolve({}).cluster)
 
 
+def test_ports_must_fit():
+    with pytest.raises(ConfigError, match="--port-base: 65533 puts the ports at 65533-65537; give a base from 1024 to 65531"):
+        slurm_node(env_for(0), resolve({}).cluster, port_base=65533)
+
+
 def test_rendered_sbatch_script(tmp_path):
     config = tmp_path / "cluster.toml"
     config.write_text('[cluster]\nps = 1\nworkers = 4\n\n[train]\nrun_dir = "/shared/runs/digits"\n')

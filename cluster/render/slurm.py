@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 
 from cluster.config import Config, ConfigError
-from cluster.slurm import PORT_BASE
+from cluster.slurm import PORT_BASE, check_port_base
 
 SRUN = "srun --ntasks-per-node=1 --kill-on-bad-exit=1"
 TIME = re.compile(r"(\d+-)?\d+(:\d\d){0,2}")
@@ -53,6 +53,7 @@ def render_sbatch(config: Config, options: SlurmOptions) -> str:
     if options.gpus_per_node < 0:
         raise ConfigError(f"--gpus-per-node: {options.gpus_per_node}; give 0 (CPU) or more")
     nodes = node_count(config, options)
+    check_port_base(options.port_base, len(config.cluster.ps), len(config.cluster.workers))
     header = [
         "#!/bin/bash",
         f"#SBATCH --job-name={options.job_name}",
