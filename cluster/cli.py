@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--chief", help="HOST:PORT of the chief's control plane; ask it for this machine's tasks")
     node.add_argument("--log-dir", default="", help="task logs (default runs/node-<timestamp>/logs)")
     node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
+    node.add_argument("--slurm", action="store_true", help="this node's tasks from SLURM_* (one per node under srun)")
+    node.add_argument("--port-base", type=int, default=2222, help="with --slurm: chief port; control +1, tasks above")
     add_control_flags(node)
+    add_deploy_commands(sub)
     for name, text in (
         ("status", "show the cluster: tasks, heartbeats, step, gradients"),
         ("stop", "checkpoint and stop the cluster"),
@@ -74,6 +77,56 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     add_control_flags(doctor)
     return parser
+
+
+def add_deploy_commands(sub) -> None:
+    """`pstrain task` (every pod of a TFJob) and `pstrain render tfjob|slurm`."""
+    task = sub.add_parser("task", help="serve the role (chief, ps or worker) that an injected TF_CONFIG names")
+    task.add_argument("--config", default="", help="the pod config (counts, heartbeats, [train]); addresses come from TF_CONFIG")
+    task.add_argument("--control-port", type=int, default=2229, help="the control plane's port on the chief")
+    render = sub.add_parser("render", help="write a deployment for Kubernetes (TFJob) or Slurm (sbatch)")
+    kinds = render.add_subparsers(dest="kind", required=True)
+    tfjob = kinds.add_parser("tfjob", help="a Kubeflow TFJob (kubeflow.org/v1) and its ConfigMap")
+    tfjob.add_argument("--image", required=True, help="container image with pstrain installed")
+    tfjob.add_argument("--name", default="pstrain", help="TFJob name (DNS-1035)")
+    tfjob.add_argument("--namespace", default="default")
+    tfjob.add_argument("--token-secret", default="", help="Secret with key 'token' (default NAME-token)")
+    tfjob.add_argument("--run-dir-claim", default="", help="PersistentVolumeClaim for the chief's run dir (default NAME-runs)")
+    tfjob.add_argument("--control-port", type=int, default=2229, help="the control plane's container port")
+    tfjob.add_argument("--worker-gpus", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
+    slurm = kinds.add_parser("slurm", help="an sbatch script: one pstrain node --slurm per node")
+    slurm.add_argument("--nodes", type=int, default=0, help="nodes (default: workers / GPUs per node)")
+    slurm.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (0: CPU)")
+    slurm.add_argument("--time", default="01:00:00", help="time limit; the run checkpoints 120 s before it")
+    slurm.add_argument("--partition", default="")
+    slurm.add_argument("--job-name", default="pstrain")
+    slurm.add_argument("--port-base", type=int, default=2222, help="chief port; control +1, ps and workers above")
+    for command in (tfjob, slurm):
+        command.add_argument("--config", required=True, help="the cluster config (TOML)")
+        command.add_argument("--output", "-o", default="", help="file to write (default: standard output)")
+
+
+def run_render(args: argparse.Namespace) -> int:
+    from cluster.render import write_output
+
+    raw = load_toml(args.config)
+    cluster_raw = {k: v for k, v in dict(raw.get("cluster", {})).items() if k != "worker_gpus"}  # GPUs: the scheduler's
+    config = resolve({**raw, "cluster": cluster_raw})
+    if args.kind == "tfjob":
+        from cluster.render.tfjob import TFJobOptions, render_tfjob, to_yaml
+
+        options = TFJobOptions(
+            args.image, args.name, args.namespace, args.token_secret, args.run_dir_claim, args.control_port, args.worker_gpus
+        )
+        text = to_yaml(render_tfjob(config, options))
+    else:
+        from cluster.render.slurm import SlurmOptions, render_sbatch
+
+        path = str(Path(args.config).resolve())
+        options = SlurmOptions(path, args.nodes, args.gpus_per_node, args.time, args.partition, args.job_name, args.port_base)
+        text = render_sbatch(config, options)
+    write_output(text, args.output)
+    return 0
 
 
 def add_control_flags(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
             return serve()
         if args.command in ("status", "stop"):
             return control_call(args)
+        if args.command == "node" and args.slurm:
+            from cluster.launch.slurm_node import run_slurm_node
+
+            if not args.config:
+                raise ConfigError("pstrain node --slurm: give --config FILE (the job's config, on every node)")
+            return run_slurm_node(args.config, args.port_base)
         if args.command == "node":
             return run_node_command(args)
         if args.command == "doctor":
@@ -175,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n".join(f"pstrain: wrote {p}" for p in render(Path(args.run_dir))))
             return 0
+        if args.command == "task":
+            from cluster.launch.task import run_task
+
+            return run_task(args.config, args.control_port)
+        if args.command == "render":
+            return run_render(args)
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 SUBNET = "10.251.{}.{}"
 
@@ -72,3 +73,41 @@ def two_hosts(tag: int = 0) -> Iterator[tuple[Host, Host]]:
 
 def set_link(host: Host, up: bool) -> None:
     host.run("ip", "link", "set", host.device, "up" if up else "down")
+
+
+@contextlib.contextmanager
+def lan(prefix: str, members: dict[str, list[str]], subnet: str) -> Iterator[dict[str, Host]]:
+    """One namespace per member, all on a bridge in a namespace of its own (nothing in the root
+    namespace); each member's /etc/hosts (under `ip netns exec`) maps every member's names to its
+    address `subnet`.<i+1>. Namespaces and their /etc/netns folders are removed afterwards."""
+    suffix = f"{os.getpid() % 100000}"
+    switch = f"{prefix}sw-{suffix}"
+    hosts = {label: Host(f"{prefix}{label}-{suffix}", f"{subnet}.{i + 1}", "eth0") for i, label in enumerate(members)}
+    table = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+    table += "".join(f"{hosts[label].address} {' '.join(names)}\n" for label, names in members.items())
+    created: list[str] = []
+    folders: list[Path] = []
+    try:
+        _ip("netns", "add", switch)
+        created.append(switch)
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        for i, host in enumerate(hosts.values()):
+            folder = Path("/etc/netns") / host.namespace
+            folder.mkdir(parents=True)
+            folders.append(folder)
+            (folder / "hosts").write_text(table)
+            _ip("netns", "add", host.namespace)
+            created.append(host.namespace)
+            _ip("-n", switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", host.device, "netns", host.namespace)
+            _ip("-n", switch, "link", "set", f"p{i}", "master", "br0")
+            _ip("-n", switch, "link", "set", f"p{i}", "up")
+            host.run("ip", "addr", "add", f"{host.address}/24", "dev", host.device)
+            host.run("ip", "link", "set", host.device, "up")
+            host.run("ip", "link", "set", "lo", "up")
+        yield hosts
+    finally:
+        for namespace in reversed(created):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)

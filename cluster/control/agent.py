@@ -65,9 +65,11 @@ class Agent:
         self._process.cpu_percent()  # prime: the first call always returns 0
         self._done = threading.Event()
         self.name = TaskId(task_type, index).name
+        self._devices: list[str] = []
 
     def register(self, devices: list[str], deadline_s: float) -> None:
         """Register, retrying while the control plane is not up yet; raises Refused or TimeoutError."""
+        self._devices = list(devices)
         versions = local_versions()
         request = pb.RegisterRequest(
             task=self.task,
@@ -117,6 +119,14 @@ class Agent:
                 if reply.stop:
                     on_stop("the control plane asked this task to stop", False)
                     return
+                if reply.unknown:  # a restarted chief (a new control plane): join it
+                    log.info("%s: the control plane at %s does not know this task; registering again", self.name, self.control)
+                    self.register(self._devices, deadline_s=self.timeout)
+            except Refused as e:
+                on_stop(f"the control plane at {self.control} refused this task: {e}", True)
+                return
+            except TimeoutError:
+                pass  # not registered again yet: the next heartbeat asks once more
             except grpc.RpcError as e:
                 if time.monotonic() - last_ok > self.timeout:
                     reason = f"the control plane at {self.control} has been unreachable for {self.timeout:g}s ({e.code().name})"

@@ -98,6 +98,10 @@ class Registry:
                         worker.gradients = count
             return stop
 
+    def knows(self, key: TaskId) -> bool:
+        with self._lock:
+            return TaskId(*key) in self.tasks
+
     def request_stop(self) -> None:
         """Ask the chief to checkpoint and stop; the servers stay up until it has."""
         with self._lock:

@@ -57,14 +57,15 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
         )
 
     def Heartbeat(self, request, context):
+        key = TaskId(request.task.type, request.task.index)
         stop = self.registry.heartbeat(
-            TaskId(request.task.type, request.task.index),
+            key,
             request.state,
             _resources(request.resources),
             request.step,
             dict(request.gradients_by_worker),
         )
-        return pb.HeartbeatReply(stop=stop)
+        return pb.HeartbeatReply(stop=stop, unknown=not stop and not self.registry.knows(key))
 
     def Status(self, request, context):
         reply = status_message(self.registry.status())

@@ -19,7 +19,7 @@ from cluster.errors import EXIT_FAILURE, ConfigError, PstrainError, returncode_e
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
-from cluster.plan import cluster_spec, plan_servers, plan_task
+from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
 from cluster.policy import Finish, GiveUp, chief_decision, restart_decision
 from cluster.stop import StopTrap
 from cluster.task import TaskId
@@ -82,8 +82,13 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
-def launch(config: Config) -> int:
-    """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N)."""
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "") -> int:
+    """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
+
+    `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
+    one of this machine's addresses); `control_bind`: where the control plane listens (default
+    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself.
+    """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
@@ -95,13 +100,13 @@ def launch(config: Config) -> int:
     server = None
     with StopTrap() as stop:
         try:
-            server = serve_control_plane(cluster, registry, creds, stop)
+            server = serve_control_plane(cluster, registry, creds, stop, control_bind)
             say(
                 f"control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
                 + (f" --token-file {hint}" if hint else "")
             )
             env = control_env(cluster, creds)
-            servers = start_local_servers(supervisor, cluster, local, env)
+            servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
             failure = wait_registered(registry, servers, train.startup_timeout, stop)
             if stop.requested:
                 return stop.exit_code
@@ -119,7 +124,7 @@ def launch(config: Config) -> int:
                 server.stop(grace=1)
 
 
-def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap):
+def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap, bind: str = ""):
     """Serve pstrain's control plane; `pstrain stop` makes the chief checkpoint, then everything exits."""
 
     def on_stop(reason: str) -> None:
@@ -129,21 +134,28 @@ def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Crede
 
     servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
     try:
-        return serve(servicer, cluster.control, creds)[0]
+        return serve(servicer, bind or cluster.control, creds)[0]
     except (OSError, RuntimeError) as e:
         raise ConfigError(f"cluster.control: cannot serve on {cluster.control} ({e}); pick another port") from None
 
 
 def start_local_servers(
-    supervisor: Supervisor, cluster: ClusterConfig, local: frozenset[str], env: dict[str, str]
+    supervisor: Supervisor, cluster: ClusterConfig, local: frozenset[str], env: dict[str, str], local_tasks=None
 ) -> list[Child]:
-    """Start the ps and worker servers whose host is this machine; the others register from their own."""
-    here = [p for p in plan_servers(cluster) if is_local_host(parse_address("task", p.address)[0], local)]
+    """Start the ps and worker servers that run here; the others register from their own machines."""
+    here = [p for p in plan_servers(cluster) if runs_here(p, local, local_tasks)]
     servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
     remote = len(cluster.ps) + len(cluster.workers) - len(here)
     waiting = f", waiting for {remote} on other machines" if remote else ""
     say(f"{len(here)} local tasks starting{waiting}; logs in {supervisor.log_dir}")
     return servers
+
+
+def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
+    """A task runs here when `local_tasks` names it, or (by default) when its host is this machine."""
+    if local_tasks is not None:
+        return plan.task in local_tasks
+    return is_local_host(parse_address("task", plan.address)[0], local)
 
 
 def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop: StopTrap) -> str:

@@ -84,10 +84,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., state: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., step: _Optional[int] = ..., gradients_by_worker: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("stop",)
+    __slots__ = ("stop", "unknown")
     STOP_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     stop: bool
-    def __init__(self, stop: _Optional[bool] = ...) -> None: ...
+    unknown: bool
+    def __init__(self, stop: _Optional[bool] = ..., unknown: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

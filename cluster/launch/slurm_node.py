@@ -1,0 +1,41 @@
+"""`pstrain node --slurm`: this node's share of a Slurm job, from the step's SLURM_* variables.
+
+The first node runs the launcher (control plane, chief, its own ps/workers); every other node runs
+its ps/workers as `pstrain node` does, and they register with the first node's control plane.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from cluster.config import Config, ConfigError, load_toml, parse_address, resolve
+from cluster.control.security import Credentials, load_token
+from cluster.slurm import PORT_BASE, slurm_node
+
+
+def slurm_config(raw: dict, env: Mapping[str, str], port_base: int = PORT_BASE) -> tuple[Config, frozenset, bool]:
+    """(config with every address and this node's GPUs, this node's ps/workers, whether it runs the chief)."""
+    cluster_raw = {k: v for k, v in dict(raw.get("cluster", {})).items() if k not in ("host", "chief", "control", "worker_gpus")}
+    config = resolve({**raw, "cluster": cluster_raw})
+    if not config.train.run_dir:
+        raise ConfigError("train.run_dir: not set; every node of a Slurm job must name the same run dir (a shared file system)")
+    node = slurm_node(env, config.cluster, port_base)
+    return replace(config, cluster=node.cluster), node.local_tasks, node.runs_chief
+
+
+def run_slurm_node(config_path: str, port_base: int = PORT_BASE) -> int:
+    config, local_tasks, runs_chief = slurm_config(load_toml(config_path), os.environ, port_base)
+    token = load_token(config.cluster.token_file)  # every node needs the job's token; none is generated
+    if runs_chief:
+        from cluster.launch.launcher import launch
+
+        port = parse_address("cluster.control", config.cluster.control)[1]
+        return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}")
+    from cluster.launch.node import run_node
+
+    log_dir = Path(config.train.run_dir) / "logs"
+    tasks = sorted(local_tasks, key=lambda t: (t[0] != "ps", t[1]))
+    return run_node(config.cluster, tasks, Credentials(token), log_dir)

@@ -1,0 +1,87 @@
+"""An injected TF_CONFIG (Kubeflow TFJob, or any scheduler that sets it) -> pstrain's cluster. Pure.
+
+The operator writes lower-cased task types (``chief`` or its old alias ``master``, ``ps``,
+``worker``; an ``evaluator`` is not part of the training cluster), addresses
+``<job>-<type>-<i>.<namespace>.svc:<port>`` and ``"environment": "cloud"``. The control plane
+runs beside the chief, on the chief's host at ``control_port``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from cluster.config import ClusterConfig, Config, ConfigError, format_address, parse_address, resolve
+
+ROLES = ("chief", "ps", "worker")
+# Config fields that TF_CONFIG and the pod decide instead of the file.
+ADDRESS_FIELDS = ("host", "chief", "ps", "workers", "control", "worker_gpus")
+
+
+def parse_tf_config(raw: str | None) -> tuple[dict[str, list[str]], str, int]:
+    """(cluster spec with keys chief/ps/worker, task type, task index) from TF_CONFIG's text."""
+    if not raw:
+        raise ConfigError("TF_CONFIG: not set; the TFJob operator injects it, or set it as it does")
+    try:
+        config = json.loads(raw)
+        cluster, task = dict(config["cluster"]), config["task"]
+        task_type, index = str(task["type"]).lower(), int(task["index"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"TF_CONFIG: invalid ({e!r}); expect {{cluster: {{...}}, task: {{type, index}}}}") from None
+    spec: dict[str, list[str]] = {}
+    for key, addresses in cluster.items():
+        role = {"master": "chief"}.get(key.lower(), key.lower())
+        if role == "evaluator":
+            continue
+        if role not in ROLES:
+            raise ConfigError(f"TF_CONFIG: cluster has task type {key!r}; pstrain runs chief (or master), ps and worker")
+        if role in spec:
+            raise ConfigError("TF_CONFIG: cluster has both chief and master; give the job one Chief")
+        if not isinstance(addresses, list) or not addresses:
+            raise ConfigError(f"TF_CONFIG: cluster.{key} must be a non-empty list of 'host:port', got {addresses!r}")
+        for i, address in enumerate(addresses):
+            parse_address(f"TF_CONFIG cluster.{key}[{i}]", address)
+        spec[role] = list(addresses)
+    missing = [role for role in ROLES if role not in spec]
+    if missing:
+        raise ConfigError(f"TF_CONFIG: cluster has no {', '.join(missing)}; a pstrain job needs a Chief, PS and Workers")
+    if len(spec["chief"]) != 1:
+        raise ConfigError(f"TF_CONFIG: cluster has {len(spec['chief'])} chiefs; give the job exactly one Chief")
+    task_type = {"master": "chief"}.get(task_type, task_type)
+    if task_type not in ROLES:
+        raise ConfigError(f"TF_CONFIG: task type {task_type!r} is not chief, ps or worker; pstrain does not run it")
+    if not 0 <= index < len(spec[task_type]):
+        raise ConfigError(f"TF_CONFIG: task {task_type}:{index} is not in its cluster ({len(spec[task_type])} {task_type})")
+    return spec, task_type, index
+
+
+def control_address(spec: dict[str, list[str]], control_port: int) -> str:
+    """The control plane: on the chief's host, at `control_port`."""
+    if not 0 < control_port <= 65535:
+        raise ConfigError(f"--control-port: {control_port} is not a port 1-65535; give the chief's control-plane port")
+    return format_address(parse_address("TF_CONFIG cluster.chief[0]", spec["chief"][0])[0], control_port)
+
+
+def config_for_tf_config(raw: dict[str, Any], spec: dict[str, list[str]], control: str) -> Config:
+    """The config file's settings, with the cluster's addresses from TF_CONFIG.
+
+    The worker count of TF_CONFIG decides `replicas_to_aggregate` where the file leaves it out, as
+    the counts of a config file do; GPUs come from the pod (its device plugin), never an index.
+    """
+    cluster_raw = {k: v for k, v in dict(raw.get("cluster", {})).items() if k not in ADDRESS_FIELDS}
+    resolved = resolve({**raw, "cluster": {**cluster_raw, "workers": len(spec["worker"]), "ps": len(spec["ps"])}})
+    cluster: ClusterConfig = replace(
+        resolved.cluster,
+        chief=spec["chief"][0],
+        ps=tuple(spec["ps"]),
+        workers=tuple(spec["worker"]),
+        worker_gpus=tuple(None for _ in spec["worker"]),
+        control=control,
+    )
+    return replace(resolved, cluster=cluster)
+
+
+def task_tf_config(spec: dict[str, list[str]], task_type: str, index: int) -> str:
+    """TF_CONFIG as pstrain writes it (chief/ps/worker keys), for the task's own TF server."""
+    return json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
