@@ -134,10 +134,11 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights, resolver=None):
+        """`resolver` names the cluster (default: TF_CONFIG, as the launcher sets it)."""
         self.train = train
         self.features, self.labels = data
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
