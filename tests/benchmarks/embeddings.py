@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-ROWS = {"1m": 1_000_000, "10m": 10_000_000}
+ROWS = {"1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
 PEERS = ("pstrain", "async", "tf1", "single")
 
@@ -85,11 +85,15 @@ class Emb1M(_Job):
     size = "1m"
 
 
+class Emb5M(_Job):
+    size = "5m"
+
+
 class Emb10M(_Job):
     size = "10m"
 
 
-JOBS = {"1m": "tests.benchmarks.embeddings:Emb1M", "10m": "tests.benchmarks.embeddings:Emb10M"}
+JOBS = {size: f"tests.benchmarks.embeddings:Emb{size.upper()}" for size in ROWS}
 
 
 def dense_parameters() -> int:
