@@ -6,6 +6,7 @@ gradients, so a cluster run and a standalone run end with the same model.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -18,10 +19,13 @@ import tensorflow as tf
 
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
+from chief.gradients import mean_of_slots, replica_gradients, sparse_variables
 from chief.jobs import Job
-from chief.model_state import ModelState, build_state, dense_gradients
+from chief.model_state import ModelState, build_state
 from chief.sharding import partitioner
 from cluster.config import TrainConfig
+
+log = logging.getLogger("pstrain.chief")
 
 
 class StepInterrupted(Exception):
@@ -80,6 +84,7 @@ class LocalEngine:
         self.train = train
         self.features, self.labels = data
         self.state = build_state(job, weights, self.features[:1])
+        self.sparse = sparse_variables(self.state.model, self.features[:1])
         self._step_fn = self._build_step(job)
 
     def prepare(self, start_step: int) -> None:
@@ -87,7 +92,7 @@ class LocalEngine:
 
     def _build_step(self, job: Job):
         model, optimizer, global_step = self.state.model, self.state.optimizer, self.state.global_step
-        slots = self.train.replicas_to_aggregate
+        slots, sparse = self.train.replicas_to_aggregate, self.sparse
 
         @tf.function
         def step_fn(step, xs, ys):
@@ -96,9 +101,9 @@ class LocalEngine:
             for k in range(slots):
                 with tf.GradientTape() as tape:
                     loss = job.loss_fn(ys[k], model(xs[k], training=True))
-                per_slot.append(dense_gradients(tape.gradient(loss, variables), variables))
+                per_slot.append(replica_gradients(tape.gradient(loss, variables), variables, sparse))
                 losses.append(tf.cast(loss, tf.float32))
-            mean = [tf.add_n(list(gs)) / tf.cast(slots, gs[0].dtype) for gs in zip(*per_slot, strict=True)]
+            mean = mean_of_slots(per_slot, slots)
             loss = tf.add_n(losses) / slots
 
             def apply():
@@ -129,10 +134,11 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights, resolver=None):
+        """`resolver` names the cluster (default: TF_CONFIG, as the launcher sets it)."""
         self.train = train
         self.features, self.labels = data
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
@@ -144,11 +150,19 @@ class ClusterEngine:
 
     def prepare(self, start_step: int) -> None:
         """Accumulators, the per-worker data and the traced functions, for a run starting at `start_step`."""
+        variables = self.state.model.trainable_variables
+        self.sparse = sparse_variables(self.state.model, self.features[:1])
+        if any(self.sparse):
+            names = sorted(
+                {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
+            )
+            log.info("row-sparse gradients (only touched rows move): %s", ", ".join(names))
         self.aggregator = SyncReplicasAggregator(
-            self.state.model.trainable_variables,
+            variables,
             required=self.train.replicas_to_aggregate,
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
+            sparse=self.sparse,
         )
         features, labels = self.features, self.labels
 
@@ -162,7 +176,7 @@ class ClusterEngine:
 
     def _build_worker_fn(self):
         model, global_step, aggregator, job = self.state.model, self.state.global_step, self.aggregator, self.job
-        strategy = self.strategy
+        strategy, sparse = self.strategy, self.sparse
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
@@ -175,8 +189,10 @@ class ClusterEngine:
                     variables = model.trainable_variables
                     with tf.GradientTape() as tape:
                         loss = job.loss_fn(y, model(x, training=True))
-                    aggregator.push(slot, step, dense_gradients(tape.gradient(loss, variables), variables))
-                    return tf.cast(loss, tf.float32), tf.constant(True)
+                    grads = replica_gradients(tape.gradient(loss, variables), variables, sparse)
+                    # Sparse pushes are not stateful ops: without this dependency they would be pruned.
+                    with tf.control_dependencies(aggregator.push(slot, step, grads)):
+                        return tf.cast(loss, tf.float32), tf.constant(True)
 
                 if not backups:  # every closure's step is current: no check, no branch
                     return compute()

@@ -49,8 +49,3 @@ def create_optimizer_slots(optimizer, variables) -> None:
         optimizer._create_all_weights(variables)
     elif hasattr(optimizer, "build"):  # tf_keras.optimizers.* (new-style)
         optimizer.build(variables)
-
-
-def dense_gradients(grads, variables) -> list[tf.Tensor]:
-    """Gradients as dense tensors; a variable the loss does not touch gets zeros."""
-    return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables, strict=True)]

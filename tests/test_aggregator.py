@@ -1,4 +1,4 @@
-"""The sync-replicas aggregator in one process: real TF servers (2 workers, 1 ps) started in-process,
+"""The sync-replicas aggregator in one process: real TF servers (2 workers, 2 ps) started in-process,
 pushes made by closures that ClusterCoordinator runs on the workers, takes made by the chief.
 
 Fast (seconds): the heart of pstrain without launching processes.
@@ -6,32 +6,18 @@ Fast (seconds): the heart of pstrain without launching processes.
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from chief.aggregator import SyncReplicasAggregator
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from chief.gradients import unique_rows
 
 
 @pytest.fixture(scope="module")
-def coordinator():
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)], "ps": [f"127.0.0.1:{free_port()}"]}
-    spec = tf.train.ClusterSpec(cluster)
-    # In-process servers cannot be stopped; they live as long as the test process, like TF's own tests.
-    servers = [
-        tf.distribute.Server(spec, job_name=job, task_index=i, start=True) for job in cluster for i in range(len(cluster[job]))
-    ]
-    strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
-    yield strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
-    del servers
+def coordinator(in_process_cluster):
+    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster)
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
 def make(coordinator, required: int, total: int, start_step: int):
@@ -90,3 +76,50 @@ def test_backup_slot_is_dropped_and_leaves_no_trace(coordinator):
     push(2, 1, [4.0, 0.0])
     push(0, 1, [0.0, 4.0])
     np.testing.assert_array_equal(take(1, [True, False, True]), [2.0, 2.0])  # not mean(50, 4)
+
+
+def make_sparse(coordinator, required: int, total: int, start_step: int):
+    """A 4x2 table on the ps with sparse accumulators; push rows, take the mean as a dense tensor."""
+    strategy, coord = coordinator
+    with strategy.scope():
+        table = tf.Variable(tf.zeros([4, 2]))
+    aggregator = SyncReplicasAggregator([table], required=required, total_slots=total, start_step=start_step, sparse=[True])
+
+    @tf.function
+    def push_fn(slot, step, rows, values):
+        grads = [unique_rows(tf.IndexedSlices(values, rows, tf.constant([4, 2], tf.int64)), table)]
+        with tf.control_dependencies(aggregator.push(slot, step, grads)):
+            return tf.constant(1)
+
+    def push(slot: int, step: int, rows: list[int], values: list[list[float]]) -> None:
+        args = (slot, tf.constant(step, tf.int64), tf.constant(rows, tf.int64), tf.constant(values, tf.float32))
+        coord.schedule(push_fn, args=args).fetch()
+
+    take_fn = tf.function(lambda step, chosen: tf.convert_to_tensor(aggregator.take_mean(step, chosen)[0]))
+
+    def take(step: int, chosen: list[bool]) -> np.ndarray:
+        return take_fn(tf.constant(step, tf.int64), tf.constant(chosen)).numpy()
+
+    return push, take
+
+
+def test_sparse_rows_average_like_a_dense_variable(coordinator):
+    """Only touched rows move; a row touched by one of two slots weighs 1/2 (the dense mean), not 1."""
+    push, take = make_sparse(coordinator, required=2, total=2, start_step=3)
+    push(0, 3, [2, 0, 2], [[1.0, 1.0], [4.0, 4.0], [1.0, 1.0]])  # row 2 twice: summed on the worker
+    push(1, 2, [1], [[100.0, 100.0]])  # a straggler of step 2: dropped
+    push(1, 3, [2], [[2.0, 0.0]])
+    push(1, 3, [2], [[2.0, 0.0]])  # the closure re-run: the slot still counts once
+    expected = [[2.0, 2.0], [0.0, 0.0], [2.0, 1.0], [0.0, 0.0]]  # (slot0 + slot1) / 2 per row
+    np.testing.assert_array_equal(take(3, [True, True]), expected)
+
+
+def test_sparse_backup_slot_is_dropped_and_leaves_no_trace(coordinator):
+    push, take = make_sparse(coordinator, required=2, total=3, start_step=0)
+    push(0, 0, [0], [[2.0, 2.0]])
+    push(2, 0, [3], [[50.0, 50.0]])  # not chosen
+    push(1, 0, [1], [[4.0, 4.0]])
+    np.testing.assert_array_equal(take(0, [True, True, False]), [[1, 1], [2, 2], [0, 0], [0, 0]])
+    push(2, 1, [1], [[2.0, 0.0]])
+    push(0, 1, [1], [[0.0, 2.0]])
+    np.testing.assert_array_equal(take(1, [True, False, True]), [[0, 0], [1, 1], [0, 0], [0, 0]])  # no 50s

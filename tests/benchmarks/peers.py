@@ -210,8 +210,9 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
     once (dispatch), after reading the parameters (pull), after the backward pass (compute), and the
     real closure (push). Each phase is the difference of medians of the time to the N-th result."""
     from chief.engines import ClusterEngine
+    from chief.gradients import replica_gradients
     from chief.jobs import load_job
-    from chief.model_state import dense_gradients, initial_weights
+    from chief.model_state import initial_weights
     from cluster.config import TrainConfig
     from tests.benchmarks.jobs import JOBS
 
@@ -244,7 +245,7 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
             variables = model.trainable_variables
             with tf.GradientTape() as tape:
                 value = job.loss_fn(y, model(x, training=True))
-            grads = dense_gradients(tape.gradient(value, variables), variables)
+            grads = replica_gradients(tape.gradient(value, variables), variables, engine.sparse)
             return tf.add_n([tf.reduce_sum(g) for g in grads]) + value
 
         return packed(strategy.run(replica, args=(x, y)))

@@ -1,0 +1,379 @@
+"""Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
+
+    python -m tests.benchmarks.embeddings [--sizes 1m,10m] [--repeats 2] [--steps 15]
+
+The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
+logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
+1 M and a 10 M table see the same rows touched per step (at most 128 x 12 = 1,536): what differs is
+only the table. Peers, interleaved round by round: pstrain sync (2 workers, 1 ps), TF2
+ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer recipe (whose sparse
+accumulators keep embedding gradients sparse), one process; and the transfer limit: closures that
+read the touched rows from the ps and write as many back, no compute.
+
+Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import lru_cache
+from pathlib import Path
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+ROWS = {"1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
+DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
+PEERS = ("pstrain", "async", "tf1", "single")
+
+
+@lru_cache(maxsize=1)
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, ID_RANGE, (EXAMPLES, TOKENS)).astype(np.int32), rng.integers(0, CLASSES, EXAMPLES).astype(np.int32)
+
+
+def build_model(size: str):
+    import tf_keras
+
+    return tf_keras.Sequential(
+        [
+            tf_keras.layers.Input(shape=(TOKENS,), dtype="int32"),
+            tf_keras.layers.Embedding(ROWS[size], DIM),
+            tf_keras.layers.GlobalAveragePooling1D(),
+            tf_keras.layers.Dense(HIDDEN, activation="relu"),
+            tf_keras.layers.Dense(CLASSES),
+        ]
+    )
+
+
+def loss(y_true, y_pred):
+    import tensorflow as tf
+    import tf_keras
+
+    return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True))
+
+
+def optimizer():
+    import tf_keras
+
+    return tf_keras.optimizers.legacy.SGD(learning_rate=0.05)
+
+
+class _Job:
+    size = ""
+    loss_fn = staticmethod(loss)
+    optimizer_fn = staticmethod(optimizer)
+    train_data = staticmethod(data)
+
+    @classmethod
+    def model_fn(cls):
+        return build_model(cls.size)
+
+
+class Emb1M(_Job):
+    size = "1m"
+
+
+class Emb5M(_Job):
+    size = "5m"
+
+
+class Emb10M(_Job):
+    size = "10m"
+
+
+JOBS = {size: f"tests.benchmarks.embeddings:Emb{size.upper()}" for size in ROWS}
+
+
+def dense_parameters() -> int:
+    return DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+
+
+def touched_rows(batch: int, workers: int) -> int:
+    """Distinct rows one slot's batch touches, averaged over the data's first batches."""
+    ids, _ = data()
+    per = batch // workers
+    return int(np.mean([len(np.unique(ids[i : i + per])) for i in range(0, 20 * per, per)]))
+
+
+# ---- peer roles (each runs in its own process) ----
+
+
+def role_single(size: str, batch: int, steps: int) -> None:
+    import tensorflow as tf
+
+    from tests.benchmarks.peers import report, timed
+
+    model, opt = build_model(size), optimizer()
+    ids, labels = data()
+    x, y = tf.constant(ids[:batch]), tf.constant(labels[:batch])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
+
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        timed(times, t0)
+    report(times)
+
+
+def role_async(size: str, batch: int, steps: int) -> None:
+    import tensorflow as tf
+
+    from tests.benchmarks.peers import _coordinator, report, timed
+
+    strategy, coordinator, workers = _coordinator()
+    with strategy.scope():
+        model, opt = build_model(size), optimizer()
+    ids, labels = data()
+    per = batch // workers
+    x, y = tf.constant(ids[:per]), tf.constant(labels[:per])
+
+    @tf.function
+    def step():
+        def replica():
+            with tf.GradientTape() as tape:
+                value = loss(y, model(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
+
+        strategy.run(replica)
+
+    times = []
+    for _ in range(steps):  # a "step" = one global batch = `workers` closures, as many updates
+        t0 = time.perf_counter()
+        for _ in range(workers):
+            coordinator.schedule(step)
+        coordinator.join()
+        timed(times, t0)
+    report(times)
+
+
+def role_transfer(size: str, batch: int, steps: int) -> None:
+    """The touched rows (and the dense layers) read from the ps and as many values written back, per worker."""
+    import tensorflow as tf
+
+    from tests.benchmarks.peers import _coordinator, report, timed
+
+    strategy, coordinator, workers = _coordinator()
+    rows = touched_rows(batch, workers)
+    with strategy.scope():
+        model = build_model(size)
+        table, dense = model.trainable_variables[0], model.trainable_variables[1:]
+        sinks = [
+            [
+                tf.Variable(tf.zeros([rows, DIM]), trainable=False),
+                *[tf.Variable(tf.zeros_like(v), trainable=False) for v in dense],
+            ]
+            for _ in range(workers)
+        ]
+    positions = tf.constant(np.arange(rows) * (ID_RANGE // rows), tf.int64)
+
+    def make(k):
+        @tf.function
+        def move():
+            sinks[k][0].assign(tf.gather(table, positions) + 1.0)  # pull the rows, push as many values
+            for v, sink in zip(dense, sinks[k][1:], strict=True):
+                sink.assign(v.read_value() + 1.0)
+
+        return move
+
+    moves = [make(k) for k in range(workers)]
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        for move in moves:
+            coordinator.schedule(move)
+        coordinator.join()
+        timed(times, t0)
+    report(times, bytes_per_step=2 * workers * 4 * (rows * DIM + dense_parameters()), rows_per_slot=rows)
+
+
+def role_tf1(size: str, batch: int, steps: int) -> None:
+    """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for the table)."""
+    import tensorflow as tf
+
+    from tests.benchmarks.peers import report, timed
+
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec, job, index = resolver.cluster_spec(), resolver.task_type, resolver.task_id
+    server = v1.train.Server(spec, job_name=job, task_index=index)
+    if job == "ps":
+        server.join()
+        return
+    workers = spec.num_tasks("worker")
+    ids, labels = data()
+    per = batch // workers
+    x_np, y_np = ids[index * per : (index + 1) * per], labels[index * per : (index + 1) * per]
+    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+        x = v1.placeholder(tf.int32, x_np.shape)
+        y = v1.placeholder(tf.int32, y_np.shape)
+        table = v1.get_variable("table", [ROWS[size], DIM], initializer=v1.random_uniform_initializer(-0.05, 0.05))
+        w1 = v1.get_variable("w1", [DIM, HIDDEN])
+        b1 = v1.get_variable("b1", [HIDDEN], initializer=v1.zeros_initializer())
+        w2 = v1.get_variable("w2", [HIDDEN, CLASSES])
+        b2 = v1.get_variable("b2", [CLASSES], initializer=v1.zeros_initializer())
+        pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, x), axis=1)
+        logits = tf.matmul(tf.nn.relu(tf.matmul(pooled, w1) + b1), w2) + b2
+        value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        global_step = v1.train.get_or_create_global_step()
+        opt = v1.train.SyncReplicasOptimizer(
+            v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
+        )
+        train_op = opt.minimize(value, global_step=global_step)
+    hooks = [opt.make_session_run_hook(index == 0), v1.train.StopAtStepHook(last_step=steps + 1)]
+    manager_init = v1.train.SessionManager.__init__
+
+    def faster_polling(self, *args, recovery_wait_secs=1, **kwargs):  # as in peers.py
+        manager_init(self, *args, recovery_wait_secs=recovery_wait_secs, **kwargs)
+
+    v1.train.SessionManager.__init__ = faster_polling
+    config = v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
+    times = []
+    with v1.train.MonitoredTrainingSession(
+        master=server.target, is_chief=index == 0, hooks=hooks, config=config, stop_grace_period_secs=1
+    ) as session:
+        while not session.should_stop():
+            t0 = time.perf_counter()
+            session.run(train_op, feed_dict={x: x_np, y: y_np})
+            timed(times, t0)
+    if index == 0:
+        report(times)
+
+
+ROLES = {"single": role_single, "async": role_async, "transfer": role_transfer, "tf1": role_tf1}
+
+# ---- orchestration (this process) ----
+
+
+def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
+    from tests.benchmarks.bench import PY, env_for, free_ports, run_group
+
+    me = [PY, "-m", "tests.benchmarks.embeddings"]
+    t_launch = time.time()
+    if peer == "pstrain":
+        return run_pstrain(size, batch, steps)
+    if peer in ("async", "transfer"):
+        addresses = free_ports(4)
+        cluster = {"chief": addresses[:1], "ps": addresses[1:2], "worker": addresses[2:]}
+        servers = [([PY, "-m", "worker"], env_for(cluster, t, i)) for t in ("ps", "worker") for i in range(len(cluster[t]))]
+        result = run_group([([*me, peer, size, str(batch), str(steps)], env_for(cluster, "chief", 0)), *servers], reporter=0)
+    elif peer == "tf1":
+        addresses = free_ports(3)
+        cluster = {"ps": addresses[:1], "worker": addresses[1:]}
+        argv = [*me, "tf1", size, str(batch), str(steps)]
+        group = [(argv, env_for(cluster, "worker", 0)), (argv, env_for(cluster, "worker", 1)), (argv, env_for(cluster, "ps", 0))]
+        result = run_group(group, reporter=0)
+    else:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        result = run_group([([*me, "single", size, str(batch), str(steps)], env)], reporter=0)
+    result["startup_s"] = result.pop("first_step_wall") - t_launch
+    return result
+
+
+def run_pstrain(size: str, batch: int, steps: int) -> dict:
+    from tests.benchmarks.bench import PY, ROOT, TIMEOUT_S
+
+    tmp = tempfile.mkdtemp(prefix="pstrain-bench-emb-")
+    run_dir = Path(tmp) / "run"
+    argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
+    argv += ["--global-batch-size", str(batch), "--run-dir", str(run_dir)]
+    t_launch = time.time()
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if run.returncode:
+        raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
+    records = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+    measured = records[3:]
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "step_s": statistics.median(r["seconds"] for r in measured),
+        "startup_s": records[0]["time"] - t_launch,
+        "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
+    }
+
+
+def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+    med = {peer: statistics.median(r["step_s"] for r in rs) for peer, rs in runs.items() if rs}
+    base = med["pstrain"]
+    names = {
+        "pstrain": "pstrain sync, 2 workers",
+        "async": "TF2 PS async, 2 workers",
+        "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
+    }
+    names["single"] = "one process"
+    lines = [
+        f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP, global batch {batch} x {TOKENS} tokens",
+        "| peer | ms/step | examples/s | pstrain ÷ peer (examples/s) | start-up s |",
+        "|---|---|---|---|---|",
+    ]
+    for peer, label in names.items():
+        if peer in med:
+            startup = statistics.median(r["startup_s"] for r in runs[peer])
+            lines.append(
+                f"| {label} | {med[peer] * 1000:.1f} | {batch / med[peer]:,.0f} | {med[peer] / base:.2f}× | {startup:.1f} |"
+            )
+    transfer = runs["transfer"][0]
+    timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
+    lines.append(
+        f"\npstrain step {base * 1000:.1f} ms (schedule {timing['schedule'] * 1000:.1f}, first gradient "
+        f"{timing['first_gradient'] * 1000:.1f}, wait for the N-th {timing['wait_for_n'] * 1000:.1f}, apply "
+        f"{timing['apply'] * 1000:.1f}); {transfer['rows_per_slot']:,} rows touched per slot; bytes moved per step "
+        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; transfer limit {med['transfer'] * 1000:.1f} ms"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1m,10m")
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--global-batch-size", type=int, default=128)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    from tests.benchmarks.bench import machine
+
+    sizes, peers, batch = args.sizes.split(","), args.peers.split(","), args.global_batch_size
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
+    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, first 3 excluded", flush=True)
+    for size in sizes:
+        runs: dict[str, list[dict]] = {p: [] for p in [*peers, "transfer"]}
+        for repeat in range(args.repeats):
+            for peer in [*peers, "transfer"]:
+                result = run_peer(peer, size, batch, args.steps)
+                runs[peer].append(result)
+                print(f"  {size} round {repeat + 1} {peer}: {result['step_s'] * 1000:.1f} ms/step", flush=True)
+        results["runs"][size] = runs
+        print(table(size, runs, batch), flush=True)
+    if len(sizes) > 1 and "pstrain" in peers:
+        steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in sizes]
+        print(f"\npstrain step at {sizes[-1]} ÷ at {sizes[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] in ROLES:
+        ROLES[sys.argv[1]](sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        sys.stdout.flush()
+        os._exit(0)  # coordinator threads would otherwise hold the exit
+    raise SystemExit(main())

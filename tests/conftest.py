@@ -1,0 +1,35 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def in_process_cluster():
+    """A resolver for 2 workers and 2 ps as real TF servers inside the test process (no subprocesses).
+
+    In-process servers cannot be stopped; they live as long as the test process, as in TF's own
+    tests. They share the process, so each gets a large inter-op pool: the ps kernels that wait for
+    gradients would otherwise starve the 2-core default and hang the step.
+    """
+    import tensorflow as tf
+
+    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)], "ps": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
+    spec = tf.train.ClusterSpec(cluster)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=16)
+    servers = [
+        tf.distribute.Server(spec, job_name=job, task_index=i, config=config) for job in cluster for i in range(len(cluster[job]))
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
+    tf.distribute.ParameterServerStrategy(resolver)  # connect this process first: later local variables live beside it
+    yield resolver
+    del servers
