@@ -17,10 +17,29 @@ import tensorflow as tf
 
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
-from chief.jobs import Job
-from chief.model_state import build_state, dense_gradients
+from chief.jobs import Job, first_rows
+from chief.model_state import build_state
+from chief.replica import Replica, gather, inspect_job, replica_step, state_variables, take
 from chief.sharding import partitioner
 from cluster.config import TrainConfig
+
+
+def replica_of(job: Job, state, positions: tuple[int, ...], train: TrainConfig) -> Replica:
+    """The per-slot computation over this engine's model (state variables found by `inspect_job`)."""
+    return Replica(job, state.model, state.optimizer, state_variables(state.model, positions), train.seed, train.replicas_to_aggregate)
+
+
+def apply_step(optimizer, variables, state_vars, means) -> None:
+    """Apply a step's mean gradients (the first len(variables) of `means`), then the mean state deltas.
+
+    The mean is already the cross-replica gradient. Left on, the optimizer's aggregation (an identity
+    outside a replica context) placed a copy of every gradient on the chief: the whole model
+    ps -> chief -> ps each step, 53 -> 13 ms of apply at 10 M parameters.
+    """
+    grads, deltas = means[: len(variables)], means[len(variables) :]
+    optimizer.apply_gradients(zip(grads, variables, strict=True), experimental_aggregate_gradients=False)
+    for variable, delta in zip(state_vars, deltas, strict=True):
+        variable.assign_add(delta)
 
 
 class StepInterrupted(Exception):
@@ -44,33 +63,35 @@ class StepResult:
 class LocalEngine:
     """One process, no cluster: the reference every cluster run must match."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, data: tuple, weights):
         self.train = train
-        self.features, self.labels = data
-        self.state = build_state(job, weights, self.features[:1])
-        self._step_fn = self._build_step(job)
+        self.data = data
+        self.num_examples = len(tf.nest.flatten(data[1])[0])
+        positions = inspect_job(job, train, data, weights)
+        self.state = build_state(job, weights, first_rows(data[0]))
+        self.replica = replica_of(job, self.state, positions, train)
+        self._step_fn = self._build_step()
 
     def prepare(self, start_step: int) -> None:
         pass
 
-    def _build_step(self, job: Job):
-        model, optimizer, global_step = self.state.model, self.state.optimizer, self.state.global_step
+    def _build_step(self):
+        replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
         slots = self.train.replicas_to_aggregate
 
         @tf.function
-        def step_fn(step, xs, ys):
-            variables = model.trainable_variables
+        def step_fn(step, batches):
+            variables = replica.model.trainable_variables
             per_slot, losses = [], []
-            for k in range(slots):
-                with tf.GradientTape() as tape:
-                    loss = job.loss_fn(ys[k], model(xs[k], training=True))
-                per_slot.append(dense_gradients(tape.gradient(loss, variables), variables))
-                losses.append(tf.cast(loss, tf.float32))
+            for k in range(slots):  # each slot from the same starting state, as on the cluster
+                loss, grads, deltas = replica_step(replica, batches[k], step, k)
+                per_slot.append(grads + deltas)
+                losses.append(loss)
             mean = [tf.add_n(list(gs)) / tf.cast(slots, gs[0].dtype) for gs in zip(*per_slot, strict=True)]
             loss = tf.add_n(losses) / slots
 
             def apply():
-                optimizer.apply_gradients(zip(mean, variables, strict=True))
+                apply_step(optimizer, variables, replica.state_variables, mean)
                 global_step.assign(step + 1)
                 return tf.constant(True)
 
@@ -81,13 +102,11 @@ class LocalEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
-        idx = [
-            slot_indices(len(self.labels), t.seed, step, k, t.slot_batch_size, t.total_num_replicas)
+        batches = [
+            take(self.data, slot_indices(self.num_examples, t.seed, step, k, t.slot_batch_size, t.total_num_replicas))
             for k in range(t.replicas_to_aggregate)
         ]
-        xs = np.stack([self.features[i] for i in idx])
-        ys = np.stack([self.labels[i] for i in idx])
-        loss, applied = self._step_fn(tf.constant(step, tf.int64), xs, ys)
+        loss, applied = self._step_fn(tf.constant(step, tf.int64), batches)
         return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
 
     def close(self) -> int:
@@ -97,54 +116,54 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, data: tuple, weights):
         self.train = train
-        self.features, self.labels = data
+        self.data = data
+        self.num_examples = len(tf.nest.flatten(data[1])[0])
+        positions = inspect_job(job, train, data, weights)
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.state = build_state(job, weights, self.features[:1])
+            self.state = build_state(job, weights, first_rows(data[0]))
         self.job = job
+        self.replica = replica_of(job, self.state, positions, train)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
 
     def prepare(self, start_step: int) -> None:
         """Accumulators, the per-worker data and the traced functions, for a run starting at `start_step`."""
         self.aggregator = SyncReplicasAggregator(
-            self.state.model.trainable_variables,
+            [*self.state.model.trainable_variables, *self.replica.state_variables],
             required=self.train.replicas_to_aggregate,
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
         )
-        features, labels = self.features, self.labels
+        data = self.data
 
         def dataset_fn():
             # The whole (small) training set lives on each worker; closures gather their slot's rows.
-            return tf.data.Dataset.from_tensors((features, labels)).repeat()
+            return tf.data.Dataset.from_tensors(data).repeat()
 
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
 
     def _build_worker_fn(self):
-        model, global_step, aggregator, job = self.state.model, self.state.global_step, self.aggregator, self.job
+        global_step, aggregator, replica = self.state.global_step, self.aggregator, self.replica
         strategy = self.strategy
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
         def worker_fn(iterator, step, slot, indices):
-            features, labels = next(iterator)
-            x, y = tf.gather(features, indices), tf.gather(labels, indices)
+            batch = gather(next(iterator), indices)
 
-            def replica_fn(x, y):
+            def replica_fn(batch):
                 def compute():
-                    variables = model.trainable_variables
-                    with tf.GradientTape() as tape:
-                        loss = job.loss_fn(y, model(x, training=True))
-                    aggregator.push(slot, step, dense_gradients(tape.gradient(loss, variables), variables))
-                    return tf.cast(loss, tf.float32), tf.constant(True)
+                    loss, grads, deltas = replica_step(replica, batch, step, slot)
+                    aggregator.push(slot, step, grads + deltas)
+                    return loss, tf.constant(True)
 
                 if not backups:  # every closure's step is current: no check, no branch
                     return compute()
@@ -154,7 +173,7 @@ class ClusterEngine:
 
                 return tf.cond(tf.equal(global_step.read_value(), step), compute, skip)
 
-            loss, computed = strategy.run(replica_fn, args=(x, y))
+            loss, computed = strategy.run(replica_fn, args=(batch,))
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             # One packed result: each output of a closure costs the chief its own fetch RPC.
             return tf.stack([tf.cast(worker, tf.float32), loss, tf.cast(computed, tf.float32)])
@@ -162,20 +181,12 @@ class ClusterEngine:
         return worker_fn
 
     def _build_apply_fn(self):
-        model, optimizer, global_step, aggregator = (
-            self.state.model,
-            self.state.optimizer,
-            self.state.global_step,
-            self.aggregator,
-        )
+        replica, optimizer, global_step, aggregator = self.replica, self.state.optimizer, self.state.global_step, self.aggregator
 
         @tf.function
         def apply_fn(step, chosen):
-            grads = aggregator.take_mean(step, chosen)
-            # The mean is already the cross-replica gradient. Left on, the optimizer's aggregation
-            # (an identity outside a replica context) placed a copy of every gradient on the chief:
-            # the whole model ps -> chief -> ps each step, 53 -> 13 ms of apply at 10 M parameters.
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True), experimental_aggregate_gradients=False)
+            means = aggregator.take_mean(step, chosen)
+            apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
             global_step.assign(step + 1)
 
         return apply_fn
@@ -189,7 +200,7 @@ class ClusterEngine:
         for slot in range(t.total_num_replicas):
             # A tensor made here, not a NumPy array: converting inside the closure would copy it to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
+            indices = tf.constant(slot_indices(self.num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()

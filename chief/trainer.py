@@ -16,7 +16,7 @@ import tensorflow as tf
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, LocalEngine, StepInterrupted
 from chief.export import evaluate, export_saved_model, local_model
-from chief.jobs import checked_arrays, load_job
+from chief.jobs import checked_arrays, first_rows, load_job
 from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
@@ -61,7 +61,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     job = load_job(train.job)
     data = checked_arrays(job.spec, "train_data", job.train_data())
     eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
-    sample = data[0][:1]
+    sample = first_rows(data[0])
     weights = initial_weights(job, train.seed, sample)
 
     engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
