@@ -17,16 +17,17 @@ import tensorflow as tf
 
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
-from chief.jobs import Job, first_rows
+from chief.jobs import Job, first_rows, rows
 from chief.model_state import build_state
-from chief.replica import Replica, gather, inspect_job, replica_step, state_variables, take
+from chief.replica import Replica, gather, inspect_job, replica_step, state_variables
 from chief.sharding import partitioner
 from cluster.config import TrainConfig
 
 
 def replica_of(job: Job, state, positions: tuple[int, ...], train: TrainConfig) -> Replica:
     """The per-slot computation over this engine's model (state variables found by `inspect_job`)."""
-    return Replica(job, state.model, state.optimizer, state_variables(state.model, positions), train.seed, train.replicas_to_aggregate)
+    state_vars = state_variables(state.model, positions)
+    return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate)
 
 
 def apply_step(optimizer, variables, state_vars, means) -> None:
@@ -103,7 +104,7 @@ class LocalEngine:
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
         batches = [
-            take(self.data, slot_indices(self.num_examples, t.seed, step, k, t.slot_batch_size, t.total_num_replicas))
+            rows(self.data, slot_indices(self.num_examples, t.seed, step, k, t.slot_batch_size, t.total_num_replicas))
             for k in range(t.replicas_to_aggregate)
         ]
         loss, applied = self._step_fn(tf.constant(step, tf.int64), batches)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.jobs import Job
+from chief.jobs import Job, rows
 
 
 def local_model(job: Job, weights, sample: Any):
@@ -22,7 +22,7 @@ def local_model(job: Job, weights, sample: Any):
 def predict(model, features: Any, batch: int = 1024) -> Any:
     """The model's outputs on every row of a features nest, in batches."""
     n = len(tf.nest.flatten(features)[0])
-    parts = [model(tf.nest.map_structure(lambda a: a[i : i + batch], features), training=False) for i in range(0, n, batch)]
+    parts = [model(rows(features, slice(i, i + batch)), training=False) for i in range(0, n, batch)]
     return tf.nest.map_structure(lambda *p: np.concatenate([np.asarray(x, dtype=np.float32) for x in p]), *parts)
 
 
@@ -42,8 +42,8 @@ def evaluate(job: Job, model, data: tuple, batch: int = 1024) -> dict[str, float
         for metric in job.metrics_fn():
             for start in range(0, len(tf.nest.flatten(labels)[0]), batch):
                 part = slice(start, start + batch)
-                cut = lambda nest: tf.nest.map_structure(lambda a: a[part], nest)  # noqa: E731
-                metric.update_state(cut(labels), cut(predictions), sample_weight=None if weights is None else cut(weights))
+                weight = None if weights is None else rows(weights, part)
+                metric.update_state(rows(labels, part), rows(predictions, part), sample_weight=weight)
             result[f"eval_{metric.name}"] = float(metric.result())
     elif isinstance(predictions, np.ndarray) and predictions.ndim == 2 and np.issubdtype(np.asarray(labels).dtype, np.integer):
         result["eval_accuracy"] = float(np.mean(np.argmax(predictions, axis=1) == np.asarray(labels).reshape(-1)))
@@ -56,7 +56,7 @@ def serving_spec(sample: Any) -> Any:
         return {k: tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(np.asarray(v).dtype), name=k) for k, v in sample.items()}
     flat = tf.nest.flatten(sample)
     names = ["features"] if len(flat) == 1 else [f"features_{i}" for i in range(len(flat))]
-    specs = [tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(np.asarray(v).dtype), name=n) for v, n in zip(flat, names, strict=True)]
+    specs = [tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(v.dtype), name=n) for v, n in zip(flat, names, strict=True)]
     return tf.nest.pack_sequence_as(sample, specs)
 
 

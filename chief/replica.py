@@ -17,7 +17,7 @@ import tf_keras
 
 from chief.data import slot_indices
 from chief.forward_state import capture_assigns, layer_of, unsupported_ops
-from chief.jobs import Job, JobError
+from chief.jobs import Job, JobError, rows
 from chief.losses import slot_loss
 from chief.model_state import dense_gradients
 from cluster.config import TrainConfig
@@ -31,11 +31,6 @@ def unpack(data: tuple) -> tuple[Any, Any, Any]:
 def gather(data: Any, indices) -> Any:
     """The rows `indices` of every array in a data nest (inside a traced function)."""
     return tf.nest.map_structure(lambda a: tf.gather(a, indices), data)
-
-
-def take(data: Any, indices: np.ndarray) -> Any:
-    """The rows `indices` of every array in a data nest (NumPy)."""
-    return tf.nest.map_structure(lambda a: a[indices], data)
 
 
 def is_loss_scaled(optimizer) -> bool:
@@ -93,7 +88,7 @@ def inspect_job(job: Job, train: TrainConfig, data: tuple, weights) -> tuple[int
     model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], features))
     optimizer = job.optimizer_fn()
     n = len(tf.nest.flatten(data[1])[0])
-    batch = take(data, slot_indices(n, train.seed, 0, 0, train.slot_batch_size, train.total_num_replicas))
+    batch = rows(data, slot_indices(n, train.seed, 0, 0, train.slot_batch_size, train.total_num_replicas))
     candidates = tuple(model.non_trainable_weights)
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate)
     output = model(batch[0], training=False)

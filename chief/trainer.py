@@ -122,6 +122,8 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         done = step + 1
         if train.checkpoint_every and done % train.checkpoint_every == 0 and done < train.steps:
             checkpoints.save(done)
+        if train.eval_every and done % train.eval_every == 0:
+            evaluate_now(job, checkpoints, sample, eval_set, metrics, done)
         if stop.signal is not None:
             return stop_with_checkpoint(checkpoints, done, stop, progress, metrics)
     stale_total += engine.close()
@@ -141,6 +143,14 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         + f"; saved model in {run_dir / 'saved_model'}"
     )
     return 0
+
+
+def evaluate_now(job, checkpoints: Checkpoints, sample, eval_set: tuple, metrics: MetricsLog, step: int) -> None:
+    """Evaluate the model after `step` steps on a local copy (training waits as long as this takes)."""
+    checkpoints.sync()
+    scores = evaluate(job, local_model(job, checkpoints.weights(), sample), eval_set)
+    metrics.write({"event": "eval", "step": step, **scores})
+    log.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
 
 
 def stop_with_checkpoint(

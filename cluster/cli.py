@@ -28,6 +28,7 @@ TRAIN_FLAGS = (
     ("--seed", int, "seed for initial weights and data order"),
     ("--run-dir", str, "run directory (default runs/<job>-<timestamp>); the same dir resumes"),
     ("--checkpoint-every", int, "checkpoint every K steps (0: only at the end)"),
+    ("--eval-every", int, "evaluate on the job's eval_data every K steps (0: only at the end)"),
     ("--startup-timeout", float, "seconds to wait for every TF server to accept connections"),
 )
 
@@ -57,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--log-dir", default="", help="task logs (default runs/node-<timestamp>/logs)")
     node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
     add_control_flags(node)
+    evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate each new checkpoint of a run until it is done")
+    evaluate.add_argument("run_dir", type=Path, help="the run directory (its --run-dir)")
+    evaluate.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds without a done line")
+    evaluate.add_argument("--poll", type=float, default=1.0, help="seconds between looks for new checkpoints")
     for name, text in (
         ("status", "show the cluster: tasks, heartbeats, step, gradients"),
         ("stop", "checkpoint and stop the cluster"),
@@ -159,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             return control_call(args)
         if args.command == "node":
             return run_node_command(args)
+        if args.command == "evaluate":
+            return run_evaluate(args)
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)
@@ -169,6 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"pstrain: error: {e}", file=sys.stderr)
         return 2
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """`pstrain evaluate RUN_DIR`: follow the run's checkpoints (chief/evaluation.py)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.pop("TF_CONFIG", None)
+    from chief.evaluation import follow
+    from cluster.errors import PstrainError
+
+    try:
+        return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
+    except PstrainError as e:
+        print(f"pstrain: error: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def run_standalone(config: Config) -> int:

@@ -99,7 +99,7 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
         record = json.loads(line)
         if record.get("event") == "done":
             done = record
-        else:
+        elif "event" not in record:  # step lines; eval lines have their own event
             steps.append(record)
     return steps, done
 

@@ -85,8 +85,13 @@ def checked_arrays(spec: str, what: str, data: Any) -> tuple:
     return data
 
 
-def first_rows(features: Any, n: int = 1) -> Any:
-    """The first `n` rows of every array of a features nest (a sample for building a model)."""
+def rows(nest: Any, index: Any) -> Any:
+    """`array[index]` for every array of a nest (a slice, or an array of positions)."""
     import tensorflow as tf
 
-    return tf.nest.map_structure(lambda a: a[:n], features)
+    return tf.nest.map_structure(lambda a: a[index], nest)
+
+
+def first_rows(features: Any, n: int = 1) -> Any:
+    """The first `n` rows of every array of a features nest (a sample for building a model)."""
+    return rows(features, slice(0, n))

@@ -54,7 +54,10 @@ class Mixed:
 
     @staticmethod
     def metrics_fn():
-        return [tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy"), tf_keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")]
+        return [
+            tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+            tf_keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2"),
+        ]
 
 
 class MixedNoL2(Mixed):
