@@ -38,7 +38,10 @@ def train(run_dir: Path, job: str, *extra: str, cluster: bool = False):
 
 def restored(job_cls, run_dir: Path, sample) -> tf_keras.Model:
     """The job's model with the run's last checkpoint (including non-trainable state)."""
-    model = job_cls.model_fn()
+    try:
+        model = job_cls.model_fn()
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")  # a job may set a global policy (Bf16 does)
     model(sample, training=False)
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(run_dir / "checkpoints"))).expect_partial()
     return model
@@ -91,8 +94,8 @@ def test_batchnorm_moving_statistics_are_synchronous(mixed):
     sample = rows(eval_features(), slice(0, 1))
     cluster = restored(keras_models.Mixed, mixed["cluster"], sample)
     standalone = restored(keras_models.Mixed, mixed["standalone"], sample)
-    bn = [layer for layer in cluster.layers if isinstance(layer, tf_keras.layers.BatchNormalization)][0]
-    bn_local = standalone.get_layer(bn.name)
+    position = [i for i, layer in enumerate(cluster.layers) if isinstance(layer, tf_keras.layers.BatchNormalization)][0]
+    bn, bn_local = cluster.layers[position], standalone.layers[position]
     assert np.abs(bn.moving_mean.numpy()).max() > 1e-3, "the moving mean was updated"
     np.testing.assert_allclose(bn.moving_mean.numpy(), bn_local.moving_mean.numpy(), atol=1e-5)
     np.testing.assert_allclose(bn.moving_variance.numpy(), bn_local.moving_variance.numpy(), atol=1e-5)
