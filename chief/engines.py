@@ -24,6 +24,21 @@ from chief.sharding import partitioner
 from cluster.config import TrainConfig
 
 
+def training_cluster(cluster: dict) -> dict:
+    """The tasks that train: TF_CONFIG's cluster without an `evaluator` (as Kubeflow may list one). The
+    evaluator runs no TF server for the chief; left in, connecting to the cluster would wait for it."""
+    return {job: tasks for job, tasks in cluster.items() if job != "evaluator"}
+
+
+def training_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
+    """TF_CONFIG's resolver, with only the training tasks in its cluster."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = tf.train.ClusterSpec(training_cluster(resolver.cluster_spec().as_dict()))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type=resolver.task_type, task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or "grpc"
+    )
+
+
 def replica_of(job: Job, state, positions: tuple[int, ...], train: TrainConfig) -> Replica:
     """The per-slot computation over this engine's model (state variables found by `inspect_job`)."""
     state_vars = state_variables(state.model, positions)
@@ -122,7 +137,7 @@ class ClusterEngine:
         self.data = data
         self.num_examples = len(tf.nest.flatten(data[1])[0])
         positions = inspect_job(job, train, data, weights)
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)

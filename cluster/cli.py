@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train; --standalone runs the same job in one process")
     add_common(train)
     train.add_argument("--standalone", action="store_true", help="one process, no cluster (the reference)")
-    sub.add_parser("server", help="serve as the worker or ps task that TF_CONFIG names")
+    server = sub.add_parser("server", help="serve as the worker or ps task that TF_CONFIG names")
+    server.add_argument("--run-dir", default="", help="for an `evaluator` task: the run to evaluate (else $PSTRAIN_RUN_DIR)")
     node = sub.add_parser("node", help="run this machine's tasks of a cluster whose chief runs elsewhere")
     node.add_argument("--config", help="the shared cluster config; this machine runs the tasks on its addresses")
     node.add_argument("--chief", help="HOST:PORT of the chief's control plane; ask it for this machine's tasks")
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # jobs in the working directory import, as under `python -m`
     if args.command == "server":
+        evaluator = evaluator_run_dir(args.run_dir)
+        if evaluator is not None:
+            return run_evaluate(argparse.Namespace(run_dir=evaluator, timeout=float("inf"), poll=5.0))
         from worker.server import serve
 
         return serve()
@@ -176,6 +180,25 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"pstrain: error: {e}", file=sys.stderr)
         return 2
+
+
+def evaluator_run_dir(flag: str) -> Path | None:
+    """For a TF_CONFIG `evaluator` task (Kubeflow's Evaluator replica): the run dir it follows; None otherwise."""
+    import json
+
+    try:
+        task_type = json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return None  # the server reports a bad TF_CONFIG itself
+    if task_type != "evaluator":
+        return None
+    run_dir = flag or os.environ.get("PSTRAIN_RUN_DIR", "")
+    if not run_dir:
+        raise SystemExit(
+            "pstrain server: TF_CONFIG task type 'evaluator' evaluates a run's checkpoints; "
+            "give it the run directory with --run-dir or $PSTRAIN_RUN_DIR (a volume shared with the chief)"
+        )
+    return Path(run_dir)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

@@ -242,3 +242,63 @@ def test_contract_refusal_on_the_cluster(tmp_path):
     result = run_pstrain(["launch", "--job", f"tests.jobs.broken:{job}", "--run-dir", str(tmp_path / "r")], timeout=180)
     assert_one_line_error(result, message)
     assert_no_orphans(result)
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
+    """Kubeflow-style: every task's TF_CONFIG lists an `evaluator`; ps and workers run `pstrain server`, the
+    evaluator task too (it follows the run's checkpoints). The chief does not wait for the evaluator."""
+    from cluster.config import TrainConfig
+    from cluster.rundir import describe, prepare
+
+    run_dir = tmp_path / "run"
+    chief, ps, w0, w1, evaluator = (f"127.0.0.1:{p}" for p in free_ports(5))
+    cluster = {"chief": [chief], "ps": [ps], "worker": [w0, w1], "evaluator": [evaluator]}
+    train_config = TrainConfig(
+        job=MIXED,
+        steps=10,
+        global_batch_size=BATCH,
+        replicas_to_aggregate=2,
+        total_num_replicas=2,
+        checkpoint_every=5,
+        run_dir=str(run_dir),
+    )
+    prepare(run_dir, describe("cluster", train_config, None), train_config)
+
+    def start(task_type: str, index: int, command: list[str]) -> subprocess.Popen:
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"})
+        env = {**os.environ, "TF_CONFIG": tf_config, "TF_USE_LEGACY_KERAS": "1", "PSTRAIN_RUN_DIR": str(run_dir)}
+        env.pop("PSTRAIN_CONTROL", None)
+        log = open(run_dir / "logs" / f"{task_type}-{index}.log", "w")
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    servers = [
+        start("ps", 0, PSTRAIN + ["server"]),
+        start("worker", 0, PSTRAIN + ["server"]),
+        start("worker", 1, PSTRAIN + ["server"]),
+    ]
+    evaluator_task = start("evaluator", 0, PSTRAIN + ["server"])
+    try:
+        chief_task = start("chief", 0, [*PSTRAIN[:2], "chief", "--run-dir", str(run_dir)])
+        assert chief_task.wait(timeout=240) == 0, (run_dir / "logs" / "chief-0.log").read_text()[-3000:]
+        assert evaluator_task.wait(timeout=120) == 0, (run_dir / "logs" / "evaluator-0.log").read_text()[-3000:]
+    finally:
+        for process in [*servers, evaluator_task]:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+    steps, done = metrics(run_dir)
+    assert len(steps) == 10 and all(s["aggregated"] == 2 for s in steps) and done is not None
+    evaluated = [json.loads(line)["step"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evaluated[-1] == 10, evaluated
