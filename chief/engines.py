@@ -18,7 +18,7 @@ import tensorflow as tf
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
 from chief.jobs import Job, first_rows, rows
-from chief.model_state import build_state
+from chief.model_state import allow_loss_scaling_under_ps, build_state
 from chief.replica import Replica, gather, inspect_job, replica_step, state_variables
 from chief.sharding import partitioner
 from cluster.config import TrainConfig
@@ -137,6 +137,7 @@ class ClusterEngine:
         self.data = data
         self.num_examples = len(tf.nest.flatten(data[1])[0])
         positions = inspect_job(job, train, data, weights)
+        allow_loss_scaling_under_ps()
         resolver = training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))

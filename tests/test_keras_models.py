@@ -80,7 +80,8 @@ def eval_features():
 
 
 def test_mixed_model_cluster_equals_standalone(mixed):
-    """Dict inputs by name, BatchNorm, Dropout, L2, a Loss object and sample weights: the same model."""
+    """Dict inputs by name, random augmentation, GaussianNoise, BatchNorm, Dropout, L2, a Loss object and
+    sample weights: the same model."""
     features = eval_features()
     np.testing.assert_allclose(
         predictions(mixed["cluster"], features), predictions(mixed["standalone"], features), atol=1e-4, rtol=0
@@ -150,16 +151,19 @@ def test_sidecar_evaluator_followed_every_checkpoint(mixed):
     assert records[-1]["eval_accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-6)
 
 
-def test_mixed_bfloat16_cluster_equals_standalone(tmp_path):
-    job = "tests.jobs.keras_models:Bf16"
+@pytest.mark.parametrize("policy", ["Bf16", "Fp16"])
+def test_mixed_precision_cluster_equals_standalone(tmp_path, policy):
+    """mixed_bfloat16, and mixed_float16 with a LossScaleOptimizer: float32 variables, same model."""
+    job = f"tests.jobs.keras_models:{policy}"
     train(tmp_path / "cluster", job, cluster=True)
     train(tmp_path / "standalone", job)
     features = keras_models.regression_data(64, 1)[0]
     np.testing.assert_allclose(
         predictions(tmp_path / "cluster", features), predictions(tmp_path / "standalone", features), atol=1e-4
     )
-    model = restored(keras_models.Bf16, tmp_path / "cluster", features[:1])
-    assert model.layers[0].compute_dtype == "bfloat16" and all(v.dtype == tf.float32 for v in model.weights)
+    model = restored(getattr(keras_models, policy), tmp_path / "cluster", features[:1])
+    compute = {"Bf16": "bfloat16", "Fp16": "float16"}[policy]
+    assert model.layers[0].compute_dtype == compute and all(v.dtype == tf.float32 for v in model.weights)
 
 
 def test_backup_workers_with_batchnorm_apply_one_update_per_step(tmp_path):
@@ -289,14 +293,14 @@ def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
         start("worker", 1, PSTRAIN + ["server"]),
     ]
     evaluator_task = start("evaluator", 0, PSTRAIN + ["server"])
+    chief_task = start("chief", 0, [*PSTRAIN[:2], "chief", "--run-dir", str(run_dir)])
     try:
-        chief_task = start("chief", 0, [*PSTRAIN[:2], "chief", "--run-dir", str(run_dir)])
         assert chief_task.wait(timeout=240) == 0, (run_dir / "logs" / "chief-0.log").read_text()[-3000:]
         assert evaluator_task.wait(timeout=120) == 0, (run_dir / "logs" / "evaluator-0.log").read_text()[-3000:]
     finally:
-        for process in [*servers, evaluator_task]:
+        for process in [chief_task, *servers, evaluator_task]:
             if process.poll() is None:
-                process.terminate()
+                process.kill() if process is chief_task else process.terminate()
                 process.wait(timeout=30)
     steps, done = metrics(run_dir)
     assert len(steps) == 10 and all(s["aggregated"] == 2 for s in steps) and done is not None

@@ -1,10 +1,11 @@
 """Jobs written the way Keras users write them, for tests/test_keras_models.py (tiny data, few steps).
 
 `Mixed` exercises several features in one run (so CI pays for one cluster): a functional model with
-a dict of named inputs, a CNN branch with BatchNormalization, Dropout, an L2 regularizer, a Keras
-`Loss` object, per-example sample weights and metrics_fn. `MixedNoL2` is the same without the
+a dict of named inputs, a CNN branch with random augmentation, GaussianNoise and BatchNormalization,
+Dropout, an L2 regularizer, a Keras `Loss` object, per-example sample weights and metrics_fn. `MixedNoL2` is the same without the
 regularizer; `BackupBN` lets a test count BatchNormalization updates exactly; `Bf16` trains a
-regression MLP under `mixed_bfloat16` with a per-example Keras loss function.
+regression MLP under `mixed_bfloat16` with a per-example Keras loss function, `Fp16` the same under
+`mixed_float16` with a LossScaleOptimizer.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class Mixed:
     def model_fn(cls) -> tf_keras.Model:
         image = tf_keras.Input((8, 8, 1), name="image")
         extra = tf_keras.Input((4,), name="extra")
-        x = tf_keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(image)  # no bias before BN (zero gradient)
+        x = tf_keras.layers.RandomFlip("horizontal")(image)  # random augmentation and noise: per (step, slot) too
+        x = tf_keras.layers.GaussianNoise(0.05)(x)
+        x = tf_keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)  # no bias before BN (zero gradient)
         x = tf_keras.layers.BatchNormalization(momentum=0.9)(x)
         x = tf_keras.layers.ReLU()(x)
         x = tf_keras.layers.GlobalAveragePooling2D()(x)
@@ -124,3 +127,22 @@ class Bf16:
     @staticmethod
     def eval_data():
         return regression_data(64, 1)
+
+
+class Fp16(Bf16):
+    """mixed_float16 with its loss-scale optimizer (dynamic loss scale)."""
+
+    @staticmethod
+    def model_fn() -> tf_keras.Model:
+        tf_keras.mixed_precision.set_global_policy("mixed_float16")
+        return tf_keras.Sequential(
+            [
+                tf_keras.Input((6,)),
+                tf_keras.layers.Dense(32, activation="relu"),
+                tf_keras.layers.Dense(1, dtype="float32"),
+            ]
+        )
+
+    @staticmethod
+    def optimizer_fn():
+        return tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.Adam(1e-2))
