@@ -39,9 +39,9 @@ def training_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     )
 
 
-def replica_of(job: Job, state, positions: tuple[int, ...], train: TrainConfig) -> Replica:
+def replica_of(job: Job, state, found: tuple, train: TrainConfig) -> Replica:
     """The per-slot computation over this engine's model (state variables found by `inspect_job`)."""
-    state_vars = state_variables(state.model, positions)
+    state_vars = state_variables(state.model, *found)
     return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate)
 
 
@@ -83,9 +83,9 @@ class LocalEngine:
         self.train = train
         self.data = data
         self.num_examples = len(tf.nest.flatten(data[1])[0])
-        positions = inspect_job(job, train, data, weights)
+        found = inspect_job(job, train, data, weights)  # refuses a job that breaks the contract
         self.state = build_state(job, weights, first_rows(data[0]))
-        self.replica = replica_of(job, self.state, positions, train)
+        self.replica = replica_of(job, self.state, found, train)
         self._step_fn = self._build_step()
 
     def prepare(self, start_step: int) -> None:
@@ -136,7 +136,7 @@ class ClusterEngine:
         self.train = train
         self.data = data
         self.num_examples = len(tf.nest.flatten(data[1])[0])
-        positions = inspect_job(job, train, data, weights)
+        found = inspect_job(job, train, data, weights)  # refuses a job that breaks the contract
         allow_loss_scaling_under_ps()
         resolver = training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
@@ -145,7 +145,7 @@ class ClusterEngine:
         with self.strategy.scope():
             self.state = build_state(job, weights, first_rows(data[0]))
         self.job = job
-        self.replica = replica_of(job, self.state, positions, train)
+        self.replica = replica_of(job, self.state, found, train)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
 

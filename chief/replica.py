@@ -72,16 +72,23 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     return loss, dense_gradients(grads, variables), deltas
 
 
-def state_variables(model: tf_keras.Model, positions: tuple[int, ...]) -> tuple:
-    """The model's non-trainable variables at `positions` (found by `inspect_job`)."""
+def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
+    """The model's non-trainable variables at `positions` (found by `inspect_job` on a local copy,
+    with their `shapes`); a state variable sharded across ps tasks is refused."""
     weights = model.non_trainable_weights
-    return tuple(weights[i] for i in positions)
+    found = tuple(weights[i] for i in positions if i < len(weights))
+    if [tuple(v.shape) for v in found] != list(shapes):
+        raise JobError(
+            "model_fn: a non-trainable variable that the forward pass assigns is sharded across ps tasks "
+            "(too large for one shard); use --ps 1, or keep such state under 256 KiB"
+        )
+    return found
 
 
-def inspect_job(job: Job, train: TrainConfig, data: tuple, weights) -> tuple[int, ...]:
+def inspect_job(job: Job, train: TrainConfig, data: tuple, weights) -> tuple[tuple[int, ...], tuple]:
     """Check the job on its first slot's batch, on a local copy of the model; returns the positions in
-    `model.non_trainable_weights` of the variables its forward pass assigns. Raises JobError (one
-    line) for a contract the engines cannot keep."""
+    `model.non_trainable_weights` of the variables its forward pass assigns, and their shapes. Raises
+    JobError (one line) for a contract the engines cannot keep."""
     from chief.export import local_model
 
     features = data[0]
@@ -118,4 +125,4 @@ def inspect_job(job: Job, train: TrainConfig, data: tuple, weights) -> tuple[int
             f"model_fn: layer {layer!r} makes {kind} ({op}) in its forward pass that pstrain cannot make synchronous; "
             "use Keras's RandomGenerator (self._random_generator) for randomness and variable.assign*() for state"
         )
-    return touched
+    return touched, tuple(tuple(candidates[i].shape) for i in touched)

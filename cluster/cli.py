@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "server":
         evaluator = evaluator_run_dir(args.run_dir)
         if evaluator is not None:
-            return run_evaluate(argparse.Namespace(run_dir=evaluator, timeout=float("inf"), poll=5.0))
+            return run_evaluate(argparse.Namespace(run_dir=evaluator, timeout=EVALUATOR_TIMEOUT_S, poll=5.0))
         from worker.server import serve
 
         return serve()
@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"pstrain: error: {e}", file=sys.stderr)
         return 2
+
+
+EVALUATOR_TIMEOUT_S = 7 * 24 * 3600.0  # an evaluator task gives up on a run that never finishes after a week
 
 
 def evaluator_run_dir(flag: str) -> Path | None:
