@@ -40,8 +40,8 @@ def step_seed(seed: int, step, slot) -> tf.Tensor:
 @contextlib.contextmanager
 def stateless_random(model: tf_keras.Model, seed: int, step, slot) -> Iterator[None]:
     """Within the block, the model's random layers draw from per-(seed, step, slot) stateless streams."""
-    base = step_seed(seed, step, slot)
     generators = _generators(model)
+    base = step_seed(seed, step, slot) if generators else None  # no random layers: no ops at all
     for position, generator in generators:
         layer_seed = tf.random.experimental.stateless_fold_in(base, position, alg=ALG)
         calls = [0]
