@@ -306,3 +306,8 @@ def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
     assert len(steps) == 10 and all(s["aggregated"] == 2 for s in steps) and done is not None
     evaluated = [json.loads(line)["step"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evaluated[-1] == 10, evaluated
+
+
+def test_evaluate_refuses_a_directory_that_is_not_a_run(tmp_path):
+    result = run_pstrain(["evaluate", str(tmp_path), "--timeout", "1", "--poll", "0.2"], timeout=60)
+    assert_one_line_error(result, f"evaluate: {tmp_path} is not a pstrain run directory (no cluster.json)")
