@@ -54,9 +54,13 @@ class Checkpoints:
         """The model's full-size weights as of the last save or restore."""
         return self.mirror.model.get_weights()
 
-    def save(self, step: int) -> None:
-        """Snapshot the training state (between steps) and write checkpoint `step`."""
+    def sync(self) -> None:
+        """Copy the training state (between steps) into the local mirror; `weights()` then returns it."""
         if self.mirror is not self.live:
             for shards, mirror in self.pairs:
                 mirror.assign(read_full(shards))
+
+    def save(self, step: int) -> None:
+        """Snapshot the training state (between steps) and write checkpoint `step`."""
+        self.sync()
         self.manager.save(checkpoint_number=step)

@@ -19,13 +19,50 @@ import tensorflow as tf
 
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
-from chief.gradients import mean_of_slots, replica_gradients, sparse_variables
-from chief.jobs import Job
-from chief.model_state import ModelState, build_state
+from chief.gradients import mean_of_slots, sparse_variables
+from chief.jobs import Job, first_rows, rows
+from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
+from chief.replica import Replica, gather, inspect_job, replica_step, state_variables
 from chief.sharding import partitioner
 from cluster.config import TrainConfig
 
 log = logging.getLogger("pstrain.chief")
+
+
+def training_cluster(cluster: dict) -> dict:
+    """The tasks that train: TF_CONFIG's cluster without an `evaluator` (as Kubeflow may list one). The
+    evaluator runs no TF server for the chief; left in, connecting to the cluster would wait for it."""
+    return {job: tasks for job, tasks in cluster.items() if job != "evaluator"}
+
+
+def training_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
+    """TF_CONFIG's resolver, with only the training tasks in its cluster."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = tf.train.ClusterSpec(training_cluster(resolver.cluster_spec().as_dict()))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type=resolver.task_type, task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or "grpc"
+    )
+
+
+def replica_of(job: Job, state, found: tuple, train: TrainConfig, sample_features) -> Replica:
+    """The per-slot computation over this engine's model (state variables found by `inspect_job`;
+    row-sparse variables found by tracing the model on `sample_features`)."""
+    state_vars = state_variables(state.model, *found)
+    sparse = tuple(sparse_variables(state.model, sample_features))
+    return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate, sparse)
+
+
+def apply_step(optimizer, variables, state_vars, means) -> None:
+    """Apply a step's mean gradients (the first len(variables) of `means`), then the mean state deltas.
+
+    The mean is already the cross-replica gradient. Left on, the optimizer's aggregation (an identity
+    outside a replica context) placed a copy of every gradient on the chief: the whole model
+    ps -> chief -> ps each step, 53 -> 13 ms of apply at 10 M parameters.
+    """
+    grads, deltas = means[: len(variables)], means[len(variables) :]
+    optimizer.apply_gradients(zip(grads, variables, strict=True), experimental_aggregate_gradients=False)
+    for variable, delta in zip(state_vars, deltas, strict=True):
+        variable.assign_add(delta)
 
 
 class StepInterrupted(Exception):
@@ -80,34 +117,36 @@ class LocalEngine:
     so it ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
     """
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, data: tuple, weights):
         self.train = train
-        self.features, self.labels = data
-        self.state = build_state(job, weights, self.features[:1])
-        self.sparse = sparse_variables(self.state.model, self.features[:1])
-        self._step_fn = self._build_step(job)
+        self.data = data
+        self.num_examples = len(tf.nest.flatten(data[1])[0])
+        found = inspect_job(job, train, data, weights)  # refuses a job that breaks the contract
+        self.state = build_state(job, weights, first_rows(data[0]))
+        self.replica = replica_of(job, self.state, found, train, first_rows(data[0]))
+        self.sparse = list(self.replica.sparse)
+        self._step_fn = self._build_step()
 
     def prepare(self, start_step: int) -> None:
         pass
 
-    def _build_step(self, job: Job):
-        model, optimizer, global_step = self.state.model, self.state.optimizer, self.state.global_step
-        slots, sparse = self.train.replicas_to_aggregate, self.sparse
+    def _build_step(self):
+        replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
+        slots = self.train.replicas_to_aggregate
 
         @tf.function
-        def step_fn(step, xs, ys):
-            variables = model.trainable_variables
+        def step_fn(step, batches):
+            variables = replica.model.trainable_variables
             per_slot, losses = [], []
-            for k in range(slots):
-                with tf.GradientTape() as tape:
-                    loss = job.loss_fn(ys[k], model(xs[k], training=True))
-                per_slot.append(replica_gradients(tape.gradient(loss, variables), variables, sparse))
-                losses.append(tf.cast(loss, tf.float32))
+            for k in range(slots):  # each slot from the same starting state, as on the cluster
+                loss, grads, deltas = replica_step(replica, batches[k], step, k)
+                per_slot.append(grads + deltas)
+                losses.append(loss)
             mean = mean_of_slots(per_slot, slots)
             loss = tf.add_n(losses) / slots
 
             def apply():
-                optimizer.apply_gradients(zip(mean, variables, strict=True))
+                apply_step(optimizer, variables, replica.state_variables, mean)
                 global_step.assign(step + 1)
                 return tf.constant(True)
 
@@ -118,13 +157,11 @@ class LocalEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
-        idx = [
-            slot_indices(len(self.labels), t.seed, step, k, t.slot_batch_size, t.total_num_replicas)
+        batches = [
+            rows(self.data, slot_indices(self.num_examples, t.seed, step, k, t.slot_batch_size, t.total_num_replicas))
             for k in range(t.replicas_to_aggregate)
         ]
-        xs = np.stack([self.features[i] for i in idx])
-        ys = np.stack([self.labels[i] for i in idx])
-        loss, applied = self._step_fn(tf.constant(step, tf.int64), xs, ys)
+        loss, applied = self._step_fn(tf.constant(step, tf.int64), batches)
         return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
 
     def close(self) -> int:
@@ -134,65 +171,63 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights, resolver=None):
-        """`resolver` names the cluster (default: TF_CONFIG, as the launcher sets it)."""
+    def __init__(self, job: Job, train: TrainConfig, data: tuple, weights, resolver=None):
+        """`resolver` names the cluster (default: TF_CONFIG's training tasks, as the launcher sets them)."""
         self.train = train
-        self.features, self.labels = data
-        resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        self.data = data
+        self.num_examples = len(tf.nest.flatten(data[1])[0])
+        found = inspect_job(job, train, data, weights)  # refuses a job that breaks the contract
+        allow_loss_scaling_under_ps()
+        resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.state = build_state(job, weights, self.features[:1])
+            self.state = build_state(job, weights, first_rows(data[0]))
         self.job = job
+        self.replica = replica_of(job, self.state, found, train, first_rows(data[0]))
+        self.sparse = list(self.replica.sparse)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
 
     def prepare(self, start_step: int) -> None:
         """Accumulators, the per-worker data and the traced functions, for a run starting at `start_step`."""
         variables = self.state.model.trainable_variables
-        self.sparse = sparse_variables(self.state.model, self.features[:1])
         if any(self.sparse):
-            names = sorted(
-                {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
-            )
-            log.info("row-sparse gradients (only touched rows move): %s", ", ".join(names))
+            tables = {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
+            log.info("row-sparse gradients (only touched rows move): %s", ", ".join(sorted(tables)))
         self.aggregator = SyncReplicasAggregator(
-            variables,
+            [*variables, *self.replica.state_variables],
             required=self.train.replicas_to_aggregate,
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
-            sparse=self.sparse,
+            sparse=[*self.sparse, *[False] * len(self.replica.state_variables)],
         )
-        features, labels = self.features, self.labels
+        data = self.data
 
         def dataset_fn():
             # The whole (small) training set lives on each worker; closures gather their slot's rows.
-            return tf.data.Dataset.from_tensors((features, labels)).repeat()
+            return tf.data.Dataset.from_tensors(data).repeat()
 
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
 
     def _build_worker_fn(self):
-        model, global_step, aggregator, job = self.state.model, self.state.global_step, self.aggregator, self.job
-        strategy, sparse = self.strategy, self.sparse
+        global_step, aggregator, replica = self.state.global_step, self.aggregator, self.replica
+        strategy = self.strategy
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
         def worker_fn(iterator, step, slot, indices):
-            features, labels = next(iterator)
-            x, y = tf.gather(features, indices), tf.gather(labels, indices)
+            batch = gather(next(iterator), indices)
 
-            def replica_fn(x, y):
+            def replica_fn(batch):
                 def compute():
-                    variables = model.trainable_variables
-                    with tf.GradientTape() as tape:
-                        loss = job.loss_fn(y, model(x, training=True))
-                    grads = replica_gradients(tape.gradient(loss, variables), variables, sparse)
+                    loss, grads, deltas = replica_step(replica, batch, step, slot)
                     # Sparse pushes are not stateful ops: without this dependency they would be pruned.
-                    with tf.control_dependencies(aggregator.push(slot, step, grads)):
-                        return tf.cast(loss, tf.float32), tf.constant(True)
+                    with tf.control_dependencies(aggregator.push(slot, step, grads + deltas)):
+                        return tf.identity(loss), tf.constant(True)
 
                 if not backups:  # every closure's step is current: no check, no branch
                     return compute()
@@ -202,7 +237,7 @@ class ClusterEngine:
 
                 return tf.cond(tf.equal(global_step.read_value(), step), compute, skip)
 
-            loss, computed = strategy.run(replica_fn, args=(x, y))
+            loss, computed = strategy.run(replica_fn, args=(batch,))
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             # One packed result: each output of a closure costs the chief its own fetch RPC.
             return tf.stack([tf.cast(worker, tf.float32), loss, tf.cast(computed, tf.float32)])
@@ -210,20 +245,12 @@ class ClusterEngine:
         return worker_fn
 
     def _build_apply_fn(self):
-        model, optimizer, global_step, aggregator = (
-            self.state.model,
-            self.state.optimizer,
-            self.state.global_step,
-            self.aggregator,
-        )
+        replica, optimizer, global_step, aggregator = self.replica, self.state.optimizer, self.state.global_step, self.aggregator
 
         @tf.function
         def apply_fn(step, chosen):
-            grads = aggregator.take_mean(step, chosen)
-            # The mean is already the cross-replica gradient. Left on, the optimizer's aggregation
-            # (an identity outside a replica context) placed a copy of every gradient on the chief:
-            # the whole model ps -> chief -> ps each step, 53 -> 13 ms of apply at 10 M parameters.
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True), experimental_aggregate_gradients=False)
+            means = aggregator.take_mean(step, chosen)
+            apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
             global_step.assign(step + 1)
 
         return apply_fn
@@ -237,7 +264,7 @@ class ClusterEngine:
         for slot in range(t.total_num_replicas):
             # A tensor made here, not a NumPy array: converting inside the closure would copy it to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
+            indices = tf.constant(slot_indices(self.num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()

@@ -49,3 +49,16 @@ def create_optimizer_slots(optimizer, variables) -> None:
         optimizer._create_all_weights(variables)
     elif hasattr(optimizer, "build"):  # tf_keras.optimizers.* (new-style)
         optimizer.build(variables)
+
+
+def allow_loss_scaling_under_ps() -> None:
+    """Let `mixed_float16` and its LossScaleOptimizer be built under ParameterServerStrategy.
+
+    tf_keras refuses them there because its own training loops unscale gradients once per compute
+    replica but aggregate per variable replica. pstrain's slots each unscale their own gradient with
+    the current loss scale before the aggregator averages them, and the apply (outside any replica
+    context) updates the loss scale once per step: the standalone engine does exactly the same.
+    """
+    from tf_keras.src.mixed_precision import loss_scale_optimizer
+
+    loss_scale_optimizer.strategy_supports_loss_scaling = lambda: True

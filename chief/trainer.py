@@ -4,7 +4,8 @@ run = TrainingRun.start(...)           # job, engine, control-plane agent, resto
 for step in range(run.first_step, train.steps):
     result = engine.step(step)         # one synchronous update (N gradients applied)
     run.record(step, result)           # metrics.jsonl, progress, heartbeat report
-    run.maybe_checkpoint(step + 1)
+    run.maybe_checkpoint(step + 1)     # every checkpoint_every steps
+    run.maybe_evaluate(step + 1)       # every eval_every steps
     if stop requested: checkpoint and exit 128+N
 run.finish()                           # final checkpoint, evaluation, SavedModel, done line
 """
@@ -20,13 +21,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
 from chief.export import evaluate, export_saved_model, local_model
-from chief.jobs import Job, checked_arrays, load_job
+from chief.jobs import Job, checked_arrays, first_rows, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
@@ -66,8 +66,8 @@ class TrainingRun:
     metrics: MetricsLog
     progress: Progress
     agent: Agent | None
-    eval_set: tuple[np.ndarray, np.ndarray]
-    sample: np.ndarray
+    eval_set: tuple  # (features, labels[, sample_weights]), each an array or a nest of arrays
+    sample: object  # the first training example's features: how a local model is built
     first_step: int
     started: float = field(default_factory=time.monotonic)
     stale_total: int = 0
@@ -79,7 +79,7 @@ class TrainingRun:
         job = load_job(train.job)
         data = checked_arrays(job.spec, "train_data", job.train_data())
         eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
-        sample = data[0][:1]
+        sample = first_rows(data[0])
         weights = initial_weights(job, train.seed, sample)
         engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
         agent = None if standalone else start_agent(stop)
@@ -155,6 +155,17 @@ class TrainingRun:
             self.checkpoints.save(done)
             self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
+    def maybe_evaluate(self, done: int) -> None:
+        """Every `eval_every` steps: evaluate the model after `done` steps on a local copy (training
+        waits as long as this takes) and write an eval line."""
+        every = self.train.eval_every
+        if not every or done % every:
+            return
+        self.checkpoints.sync()
+        scores = evaluate(self.job, local_model(self.job, self.checkpoints.weights(), self.sample), self.eval_set)
+        self.metrics.write({"event": "eval", "step": done, **scores})
+        log.info("eval at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+
     def stop_with_checkpoint(self, done: int, stop: StopTrap) -> int:
         """Save the state after `done` applied steps; exit as the stop signal asks."""
         self.checkpoints.save(done)
@@ -193,6 +204,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
                 return run.stop_with_checkpoint(step, stop)
             run.record(step, result, time.monotonic() - t0)
             run.maybe_checkpoint(step + 1)
+            run.maybe_evaluate(step + 1)
             if stop.requested:
                 return run.stop_with_checkpoint(step + 1, stop)
         return run.finish()

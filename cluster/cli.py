@@ -29,6 +29,7 @@ TRAIN_FLAGS = (
     ("--seed", int, "seed for initial weights and data order"),
     ("--run-dir", str, "run directory (default runs/<job>-<timestamp>); the same dir resumes"),
     ("--checkpoint-every", int, "checkpoint every K steps (0: only at the end)"),
+    ("--eval-every", int, "evaluate on the job's eval_data every K steps (0: only at the end)"),
     ("--startup-timeout", float, "seconds to wait for every TF server to accept connections"),
 )
 
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train; --standalone runs the same job in one process")
     add_common(train)
     train.add_argument("--standalone", action="store_true", help="one process, no cluster (the reference)")
-    sub.add_parser("server", help="serve as the worker or ps task that TF_CONFIG names")
+    server = sub.add_parser("server", help="serve as the worker or ps task that TF_CONFIG names")
+    server.add_argument("--run-dir", default="", help="for an `evaluator` task: the run to evaluate (else $PSTRAIN_RUN_DIR)")
     node = sub.add_parser("node", help="run this machine's tasks of a cluster whose chief runs elsewhere")
     node.add_argument("--config", help="the shared cluster config; this machine runs the tasks on its addresses")
     node.add_argument("--chief", help="HOST:PORT of the chief's control plane; ask it for this machine's tasks")
@@ -61,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--port-base", type=int, default=2222, help="with --slurm: chief port; control +1, tasks above")
     add_control_flags(node)
     add_deploy_commands(sub)
+    evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate each new checkpoint of a run until it is done")
+    evaluate.add_argument("run_dir", type=Path, help="the run directory (its --run-dir)")
+    evaluate.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds without a done line")
+    evaluate.add_argument("--poll", type=float, default=1.0, help="seconds between looks for new checkpoints")
     for name, text in (
         ("status", "show the cluster: tasks, heartbeats, step, gradients"),
         ("stop", "checkpoint and stop the cluster"),
@@ -212,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())  # jobs in the working directory import, as under `python -m`
     try:
         if args.command == "server":
+            evaluator = evaluator_run_dir(args.run_dir)
+            if evaluator is not None:
+                return run_evaluate(argparse.Namespace(run_dir=evaluator, timeout=EVALUATOR_TIMEOUT_S, poll=5.0))
             from worker.server import serve
 
             return serve()
@@ -240,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_task(args.config, args.control_port)
         if args.command == "render":
             return run_render(args)
+        if args.command == "evaluate":
+            return run_evaluate(args)
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)
@@ -247,6 +258,42 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.launch.launcher import launch
 
         return launch(config_from_args(args, gpu_count=gpu_count()))
+    except PstrainError as e:
+        print(f"pstrain: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+EVALUATOR_TIMEOUT_S = 7 * 24 * 3600.0  # an evaluator task gives up on a run that never finishes after a week
+
+
+def evaluator_run_dir(flag: str) -> Path | None:
+    """For a TF_CONFIG `evaluator` task (Kubeflow's Evaluator replica): the run dir it follows; None otherwise."""
+    import json
+
+    try:
+        task_type = json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return None  # the server reports a bad TF_CONFIG itself
+    if task_type != "evaluator":
+        return None
+    run_dir = flag or os.environ.get("PSTRAIN_RUN_DIR", "")
+    if not run_dir:
+        raise SystemExit(
+            "pstrain server: TF_CONFIG task type 'evaluator' evaluates a run's checkpoints; "
+            "give it the run directory with --run-dir or $PSTRAIN_RUN_DIR (a volume shared with the chief)"
+        )
+    return Path(run_dir)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """`pstrain evaluate RUN_DIR`: follow the run's checkpoints (chief/evaluation.py)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.pop("TF_CONFIG", None)
+    from chief.evaluation import follow
+    from cluster.errors import PstrainError
+
+    try:
+        return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
     except PstrainError as e:
         print(f"pstrain: error: {e}", file=sys.stderr)
         return e.exit_code

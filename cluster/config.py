@@ -53,6 +53,7 @@ class TrainConfig:
     total_num_replicas: int = 0  # 0: replicas_to_aggregate (no backup workers)
     seed: int = 0
     checkpoint_every: int = 100
+    eval_every: int = 0  # evaluate on eval_data() every K steps (0: only at the end)
     run_dir: str = ""  # empty: runs/<job>-<timestamp>
     startup_timeout: float = 60.0  # seconds to wait for every TF server to accept connections
 
@@ -264,6 +265,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         )
     seed = _int("train.seed", raw.get("seed", defaults.seed), 0)
     every = _int("train.checkpoint_every", raw.get("checkpoint_every", defaults.checkpoint_every), 0)
+    eval_every = _int("train.eval_every", raw.get("eval_every", defaults.eval_every), 0)
     run_dir = raw.get("run_dir", defaults.run_dir)
     if not isinstance(run_dir, str):
         raise ConfigError(f"train.run_dir: expected a path, got {run_dir!r}")
@@ -276,6 +278,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         total_num_replicas=total,
         seed=seed,
         checkpoint_every=every,
+        eval_every=eval_every,
         run_dir=run_dir,
         startup_timeout=float(timeout),
     )

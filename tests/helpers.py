@@ -99,16 +99,19 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
         record = json.loads(line)
         if record.get("event") == "done":
             done = record
-        else:
+        elif "event" not in record:  # step lines; eval lines have their own event
             steps.append(record)
     return steps, done
 
 
-def predictions(run_dir: Path, features: np.ndarray) -> np.ndarray:
+def predictions(run_dir: Path, features) -> np.ndarray:
+    """The exported model's serving_default on `features` (an array, or a dict of named inputs)."""
     import tensorflow as tf
 
-    loaded = tf.saved_model.load(str(run_dir / "saved_model"))
-    return loaded.signatures["serving_default"](tf.constant(features))["predictions"].numpy()
+    serve = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    if isinstance(features, dict):
+        return serve(**{k: tf.constant(v) for k, v in features.items()})["predictions"].numpy()
+    return serve(tf.constant(features))["predictions"].numpy()
 
 
 def task_pid(root_pid: int, task_type: str, index: int) -> int | None:

@@ -12,6 +12,7 @@ import numpy as np
 from cluster.errors import ConfigError
 
 REQUIRED = ("model_fn", "loss_fn", "optimizer_fn", "train_data")
+OPTIONAL = ("eval_data", "metrics_fn")
 
 
 class JobError(ConfigError):
@@ -22,10 +23,11 @@ class JobError(ConfigError):
 class Job:
     spec: str
     model_fn: Callable[[], Any]
-    loss_fn: Callable[[Any, Any], Any]
+    loss_fn: Any  # a function (scalar or per-example losses) or a tf_keras.losses.Loss object
     optimizer_fn: Callable[[], Any]
-    train_data: Callable[[], tuple[np.ndarray, np.ndarray]]
-    eval_data: Callable[[], tuple[np.ndarray, np.ndarray]] | None
+    train_data: Callable[[], tuple]
+    eval_data: Callable[[], tuple] | None
+    metrics_fn: Callable[[], list] | None = None
 
     @property
     def name(self) -> str:
@@ -46,25 +48,50 @@ def load_job(spec: str) -> Job:
             raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
     missing = [name for name in REQUIRED if not callable(getattr(target, name, None))]
     if missing:
-        raise JobError(f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} (eval_data optional)")
-    eval_data = getattr(target, "eval_data", None)
+        raise JobError(
+            f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} ({', '.join(OPTIONAL)} optional)"
+        )
+    optional = {name: getattr(target, name, None) for name in OPTIONAL}
     return Job(
         spec=spec,
         model_fn=target.model_fn,
         loss_fn=target.loss_fn,
         optimizer_fn=target.optimizer_fn,
         train_data=target.train_data,
-        eval_data=eval_data if callable(eval_data) else None,
+        **{name: fn if callable(fn) else None for name, fn in optional.items()},
     )
 
 
-def checked_arrays(spec: str, what: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Validate that a data function returned (features, labels) of equal length."""
-    if not (isinstance(data, tuple) and len(data) == 2):
-        raise JobError(f"--job {spec}: {what}() must return (features, labels) NumPy arrays")
-    features, labels = (np.asarray(a) for a in data)
-    if len(features) != len(labels) or len(features) == 0:
+def checked_arrays(spec: str, what: str, data: Any) -> tuple:
+    """Validate a data function's result: (features, labels) or (features, labels, sample_weights),
+    each a NumPy array or a nest (dict, tuple, list) of arrays, all with the same number of rows."""
+    if not (isinstance(data, tuple) and len(data) in (2, 3)):
         raise JobError(
-            f"--job {spec}: {what}() returned {len(features)} features and {len(labels)} labels; they must match and be non-empty"
+            f"--job {spec}: {what}() must return (features, labels) or (features, labels, sample_weights); "
+            "each an array or a dict/tuple of arrays"
         )
-    return features, labels
+    import tensorflow as tf
+
+    data = tuple(tf.nest.map_structure(np.asarray, part) for part in data)
+    parts = ("features", "labels", "sample_weights")
+    lengths = {
+        f"{parts[i]}{'' if len(tf.nest.flatten(part)) == 1 else f'[{j}]'}": (len(a) if a.ndim else 0)
+        for i, part in enumerate(data)
+        for j, a in enumerate(tf.nest.flatten(part))
+    }
+    if len(set(lengths.values())) != 1 or 0 in lengths.values():
+        shown = ", ".join(f"{name} {n}" for name, n in lengths.items())
+        raise JobError(f"--job {spec}: {what}() returned {shown} rows; they must match and be non-empty")
+    return data
+
+
+def rows(nest: Any, index: Any) -> Any:
+    """`array[index]` for every array of a nest (a slice, or an array of positions)."""
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda a: a[index], nest)
+
+
+def first_rows(features: Any, n: int = 1) -> Any:
+    """The first `n` rows of every array of a features nest (a sample for building a model)."""
+    return rows(features, slice(0, n))

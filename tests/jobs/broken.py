@@ -38,3 +38,85 @@ class NoModel:
     """A job without model_fn."""
 
     train_data = staticmethod(lambda: (np.zeros((4, 2)), np.zeros(4)))
+
+
+class WrongLossShape:
+    """loss_fn reduces over the wrong axis: one value per class, not per example."""
+
+    model_fn = staticmethod(digits.model_fn)
+    train_data = staticmethod(digits.train_data)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def loss_fn(y_true, y_pred):
+        return tf.reduce_mean(tf.one_hot(y_true, 10) - tf.nn.softmax(y_pred), axis=0)
+
+
+class LabelsMismatch:
+    """Labels given as a dict while the model has a single output."""
+
+    model_fn = staticmethod(digits.model_fn)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def train_data():
+        x, y = digits.train_data()
+        return x, {"digit": y, "parity": y % 2}
+
+
+class NonFinite:
+    """A model whose output is NaN (log of a negative number)."""
+
+    train_data = staticmethod(digits.train_data)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def model_fn():
+        return tf_keras.Sequential(
+            [tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Lambda(lambda x: tf.math.log(x - 2.0))]
+        )
+
+
+class Counter(tf_keras.layers.Layer):
+    """Counts its calls with a raw op: a state change pstrain cannot capture."""
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(name="calls", shape=(), initializer="zeros", trainable=False)
+
+    def call(self, x):
+        tf.raw_ops.AssignAddVariableOp(resource=self.calls.handle, value=tf.constant(1.0))
+        return x
+
+
+class Jitter(tf_keras.layers.Layer):
+    """Adds noise with a stateful random op (not Keras's RandomGenerator)."""
+
+    def call(self, x, training=None):
+        return x + tf.random.uniform(tf.shape(x)) * 0.01 if training else x
+
+
+def _with(layer_cls):
+    def model_fn():
+        return tf_keras.Sequential(
+            [
+                tf_keras.Input((8, 8, 1)),
+                tf_keras.layers.Flatten(),
+                layer_cls(name=f"my_{layer_cls.__name__.lower()}"),
+                tf_keras.layers.Dense(10),
+            ]
+        )
+
+    return staticmethod(model_fn)
+
+
+class RawAssign:
+    model_fn = _with(Counter)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+    train_data = staticmethod(digits.train_data)
+
+
+class StatefulRandom(RawAssign):
+    model_fn = _with(Jitter)

@@ -1,0 +1,76 @@
+"""`pstrain evaluate RUN_DIR`: a sidecar evaluator that follows a run's checkpoints, as TF's SidecarEvaluator does.
+
+Each checkpoint that appears is restored into a local copy of the job's model and evaluated on the
+job's eval_data(); one line per checkpoint goes to RUN_DIR/eval.jsonl. It stops once the run's
+"done" line is in metrics.jsonl and the last checkpoint is evaluated, or after `timeout_s`.
+Nothing is written to the run's own files; checkpoints are only read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+from chief.export import evaluate
+from chief.jobs import checked_arrays, first_rows, load_job
+from cluster.errors import TrainingError
+from cluster.rundir import load_train
+
+
+def run_finished(run_dir: Path) -> bool:
+    """Whether the run wrote its "done" line."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return False
+    return any('"event": "done"' in line for line in path.read_text().splitlines())
+
+
+def checkpoints_to_evaluate(directory: Path, seen: set[int]) -> list[tuple[int, str]]:
+    """(step, path) of the complete checkpoints not evaluated yet, oldest first."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    found = [(int(p.rsplit("-", 1)[-1]), p) for p in paths]
+    return sorted((step, p) for step, p in found if step not in seen)
+
+
+def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[str], None] = print) -> int:
+    """Evaluate every new checkpoint of `run_dir` until the run is done; returns the exit code."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "cluster.json").exists():  # started beside a run that has not begun yet
+        if time.monotonic() > deadline:
+            from chief.jobs import JobError
+
+            raise JobError(f"evaluate: {run_dir} is not a pstrain run directory (no cluster.json); give the run's --run-dir")
+        time.sleep(poll_s)
+    train = load_train(run_dir)
+    job = load_job(train.job)
+    data = checked_arrays(job.spec, "eval_data", job.eval_data() if job.eval_data else job.train_data())
+    sample = first_rows(data[0])
+    model = job.model_fn()
+    model(sample, training=False)
+    checkpoint = tf.train.Checkpoint(model=model)
+    seen: set[int] = set()
+    with open(run_dir / "eval.jsonl", "a", buffering=1) as out:
+        while True:
+            finished = run_finished(run_dir)  # read before listing: a done run has written its last checkpoint
+            for step, path in checkpoints_to_evaluate(run_dir / "checkpoints", seen):
+                try:
+                    checkpoint.restore(path).expect_partial()
+                except (tf.errors.NotFoundError, tf.errors.DataLossError):
+                    continue  # rotated away (max_to_keep) between listing and reading
+                seen.add(step)
+                scores = evaluate(job, model, data)
+                out.write(json.dumps({"event": "eval", "step": step, **scores}) + "\n")
+                say(f"pstrain: evaluated checkpoint {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+            if finished:
+                return 0
+            if time.monotonic() > deadline:
+                raise TrainingError(
+                    f"evaluate: {run_dir} has no done line after {timeout_s:g}s ({len(seen)} checkpoints evaluated); "
+                    "raise --timeout for a longer run"
+                )
+            time.sleep(poll_s)
