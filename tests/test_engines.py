@@ -11,7 +11,7 @@ import pytest
 import tf_keras
 
 from chief.engines import ClusterEngine, LocalEngine
-from chief.jobs import load_job, recommender
+from chief.jobs import first_rows, load_job, recommender
 from chief.model_state import initial_weights
 from chief.optimizers import LazyAdam
 from chief.sharding import read_full, shard_groups
@@ -34,7 +34,7 @@ OPTIMIZERS = {
 
 def run_both(resolver, job, steps: int, train: TrainConfig):
     data = job.train_data()
-    weights = initial_weights(job, train.seed, data[0][:1])
+    weights = initial_weights(job, train.seed, first_rows(data[0]))
     cluster = ClusterEngine(job, train, data, weights, resolver=resolver)
     cluster.prepare(0)
     local = LocalEngine(job, train, data, weights)
@@ -71,7 +71,7 @@ def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster):
     job = dataclasses.replace(load_job("chief.jobs.recommender"), model_fn=TABLES.model_fn, train_data=TABLES.train_data)
     train = TrainConfig(job="recommender", steps=6, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=3)
     cluster = ClusterEngine(
-        job, train, job.train_data(), initial_weights(job, 0, job.train_data()[0][:1]), resolver=in_process_cluster
+        job, train, job.train_data(), initial_weights(job, 0, first_rows(job.train_data()[0])), resolver=in_process_cluster
     )
     cluster.prepare(0)
     results = [cluster.step(k) for k in range(6)]

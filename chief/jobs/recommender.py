@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-FEATURE_CARDINALITIES = (7, 24, 50)  # e.g. day of week, hour of day, country
+FEATURES = {"day_of_week": 7, "hour": 24, "country": 50}  # categorical features and their cardinalities
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,14 @@ class Recommender:
     seed: int = 7
 
     def model_fn(self) -> tf_keras.Model:
-        """ids [user, item, feature_0, ...] -> 2 logits."""
-        ids = tf_keras.Input(shape=(2 + len(FEATURE_CARDINALITIES),), dtype="int32", name="ids")
-        user = tf_keras.layers.Embedding(self.users, self.dim, name="user_embedding")(ids[:, 0])
-        item = tf_keras.layers.Embedding(self.items, self.dim, name="item_embedding")(ids[:, 1])
-        features = [
-            tf_keras.layers.Embedding(cardinality, 4, name=f"feature_{k}_embedding")(ids[:, 2 + k])
-            for k, cardinality in enumerate(FEATURE_CARDINALITIES)
-        ]
+        """Named inputs {user, item, day_of_week, hour, country} (int ids, one per example) -> 2 logits."""
+        inputs = {name: tf_keras.Input(shape=(), dtype="int32", name=name) for name in ("user", "item", *FEATURES)}
+        user = tf_keras.layers.Embedding(self.users, self.dim, name="user_embedding")(inputs["user"])
+        item = tf_keras.layers.Embedding(self.items, self.dim, name="item_embedding")(inputs["item"])
+        features = [tf_keras.layers.Embedding(n, 4, name=f"{name}_embedding")(inputs[name]) for name, n in FEATURES.items()]
         hidden = tf_keras.layers.Concatenate()([user, item, user * item, *features])
         hidden = tf_keras.layers.Dense(64, activation="relu")(hidden)
-        return tf_keras.Model(ids, tf_keras.layers.Dense(2)(hidden))
+        return tf_keras.Model(inputs, tf_keras.layers.Dense(2)(hidden))
 
     def loss_fn(self, y_true, y_pred):
         return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True))
@@ -53,10 +50,10 @@ class Recommender:
         # Adagrad updates only the rows in a sparse gradient (README, Embeddings: optimizers).
         return tf_keras.optimizers.legacy.Adagrad(learning_rate=0.1)
 
-    def train_data(self) -> tuple[np.ndarray, np.ndarray]:
+    def train_data(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         return self._data[0]
 
-    def eval_data(self) -> tuple[np.ndarray, np.ndarray]:
+    def eval_data(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         return self._data[1]
 
     @cached_property
@@ -64,17 +61,14 @@ class Recommender:
         rng = np.random.default_rng(self.seed)
         user_taste = rng.normal(size=(self.users, 4)).astype(np.float32)  # hidden, small: O(users x 4)
         item_taste = rng.normal(size=(self.items, 4)).astype(np.float32)
-        feature_bias = [rng.normal(size=c).astype(np.float32) for c in FEATURE_CARDINALITIES]
+        bias = {name: rng.normal(size=n).astype(np.float32) for name, n in FEATURES.items()}
 
-        def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
-            users = (rng.zipf(self.zipf, n) - 1) % self.users
-            items = (rng.zipf(self.zipf, n) - 1) % self.items
-            features = [rng.integers(0, c, n) for c in FEATURE_CARDINALITIES]
-            score = np.sum(user_taste[users] * item_taste[items], axis=1) + sum(
-                b[f] for b, f in zip(feature_bias, features, strict=True)
-            )
+        def draw(n: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+            ids = {"user": (rng.zipf(self.zipf, n) - 1) % self.users, "item": (rng.zipf(self.zipf, n) - 1) % self.items}
+            ids |= {name: rng.integers(0, count, n) for name, count in FEATURES.items()}
+            score = np.sum(user_taste[ids["user"]] * item_taste[ids["item"]], axis=1) + sum(bias[k][ids[k]] for k in FEATURES)
             clicks = (score + rng.normal(scale=0.5, size=n) > 0).astype(np.int32)
-            return np.stack([users, items, *features], axis=1).astype(np.int32), clicks
+            return {name: column.astype(np.int32) for name, column in ids.items()}, clicks
 
         return draw(self.examples), draw(self.eval_examples)
 

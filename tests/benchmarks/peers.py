@@ -211,7 +211,7 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
     real closure (push). Each phase is the difference of medians of the time to the N-th result."""
     from chief.engines import ClusterEngine
     from chief.gradients import replica_gradients
-    from chief.jobs import load_job
+    from chief.jobs import first_rows, load_job
     from chief.model_state import initial_weights
     from cluster.config import TrainConfig
     from tests.benchmarks.jobs import JOBS
@@ -220,7 +220,7 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
     data = job.train_data()
     workers = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().num_tasks("worker")
     train = TrainConfig(job=JOBS[size], global_batch_size=global_batch, replicas_to_aggregate=workers, total_num_replicas=workers)
-    engine = ClusterEngine(job, train, data, initial_weights(job, 0, data[0][:1]))
+    engine = ClusterEngine(job, train, data, initial_weights(job, 0, first_rows(data[0])))
     engine.prepare(0)
     model, strategy, global_step = engine.state.model, engine.strategy, engine.state.global_step
 
