@@ -30,3 +30,14 @@ def test_benchmark_command_runs_every_peer(tmp_path):
     assert abs(sum(phases.values()) - runs["breakdown"][0]["to_nth_s"]) < 1e-9
     assert "| pstrain sync, 2 workers |" in result.stdout and "× the limit" in result.stdout
     assert "time to the N-th gradient by phase" in result.stdout
+
+
+def test_embedding_benchmark_runs_every_peer(tmp_path):
+    out = tmp_path / "emb.json"
+    argv = [sys.executable, "-m", "tests.benchmarks.embeddings", "--sizes", "1m", "--repeats", "1", "--steps", "5"]
+    result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]["1m"]
+    assert set(runs) == {"pstrain", "async", "tf1", "single", "transfer"}
+    assert all(run[0]["step_s"] > 0 for run in runs.values())
+    assert runs["transfer"][0]["rows_per_slot"] > 0 and "rows touched per slot" in result.stdout

@@ -110,10 +110,11 @@ def peer_single(size: str, batch: int, steps: int) -> dict:
     return run_group([(argv, {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})], 0)
 
 
-def peer_pstrain(size: str, batch: int, steps: int, workers: int = 2, ps: int = 1) -> dict:
+def peer_pstrain(size: str, batch: int, steps: int, workers: int = 2, ps: int = 1, job: str = "") -> dict:
+    """pstrain launched as a user would (`job`: default the MLP of `size`); step times from metrics.jsonl."""
     tmp = tempfile.mkdtemp(prefix="pstrain-bench-")  # kept when pstrain fails, for its logs
     run_dir = Path(tmp) / "run"
-    argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
+    argv = [PY, "-m", "cluster.cli", "launch", "--job", job or JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
     argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
     t_launch = time.time()
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -208,7 +205,7 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for the table)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import report, timed
+    from tests.benchmarks.peers import run_tf1_worker
 
     v1 = tf.compat.v1
     v1.disable_eager_execution()
@@ -238,24 +235,7 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
             v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
         )
         train_op = opt.minimize(value, global_step=global_step)
-    hooks = [opt.make_session_run_hook(index == 0), v1.train.StopAtStepHook(last_step=steps + 1)]
-    manager_init = v1.train.SessionManager.__init__
-
-    def faster_polling(self, *args, recovery_wait_secs=1, **kwargs):  # as in peers.py
-        manager_init(self, *args, recovery_wait_secs=recovery_wait_secs, **kwargs)
-
-    v1.train.SessionManager.__init__ = faster_polling
-    config = v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
-    times = []
-    with v1.train.MonitoredTrainingSession(
-        master=server.target, is_chief=index == 0, hooks=hooks, config=config, stop_grace_period_secs=1
-    ) as session:
-        while not session.should_stop():
-            t0 = time.perf_counter()
-            session.run(train_op, feed_dict={x: x_np, y: y_np})
-            timed(times, t0)
-    if index == 0:
-        report(times)
+    run_tf1_worker(server, index, opt, train_op, {x: x_np, y: y_np}, steps)
 
 
 ROLES = {"single": role_single, "async": role_async, "transfer": role_transfer, "tf1": role_tf1}
@@ -289,24 +269,9 @@ def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
 
 
 def run_pstrain(size: str, batch: int, steps: int) -> dict:
-    from tests.benchmarks.bench import PY, ROOT, TIMEOUT_S
+    from tests.benchmarks.bench import peer_pstrain
 
-    tmp = tempfile.mkdtemp(prefix="pstrain-bench-emb-")
-    run_dir = Path(tmp) / "run"
-    argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
-    argv += ["--global-batch-size", str(batch), "--run-dir", str(run_dir)]
-    t_launch = time.time()
-    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-    if run.returncode:
-        raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
-    records = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "step" in r]
-    measured = records[3:]
-    shutil.rmtree(tmp, ignore_errors=True)
-    return {
-        "step_s": statistics.median(r["seconds"] for r in measured),
-        "startup_s": records[0]["time"] - t_launch,
-        "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
-    }
+    return peer_pstrain(size, batch, steps, job=JOBS[size])
 
 
 def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:

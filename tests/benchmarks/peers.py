@@ -157,6 +157,12 @@ def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
             v1.train.GradientDescentOptimizer(0.01), replicas_to_aggregate=workers, total_num_replicas=workers
         )
         train_op = opt.minimize(value, global_step=global_step)
+    run_tf1_worker(server, index, opt, train_op, {x: x_np, y: y_np}, steps)
+
+
+def run_tf1_worker(server, index: int, opt, train_op, feed: dict, steps: int) -> None:
+    """Drive a TF1 SyncReplicasOptimizer worker for `steps` steps; worker 0 reports the step times."""
+    v1 = tf.compat.v1
     hooks = [opt.make_session_run_hook(index == 0), v1.train.StopAtStepHook(last_step=steps + 1)]
     # A non-chief worker that finds the model uninitialised re-checks only every 30 s (TF1's
     # SessionManager default, not settable through MonitoredTrainingSession); poll every second.
@@ -173,7 +179,7 @@ def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
     ) as session:
         while not session.should_stop():
             t0 = time.perf_counter()
-            session.run(train_op, feed_dict={x: x_np, y: y_np})
+            session.run(train_op, feed_dict=feed)
             timed(times, t0)
     if index == 0:
         report(times)
