@@ -20,6 +20,7 @@ from chief.data import slot_indices
 from chief.jobs import Job
 from chief.model_state import build_state, dense_gradients
 from chief.sharding import partitioner
+from chief.sources import Source, explain_worker_error
 from cluster.config import TrainConfig
 
 
@@ -44,10 +45,10 @@ class StepResult:
 class LocalEngine:
     """One process, no cluster: the reference every cluster run must match."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample):
         self.train = train
-        self.features, self.labels = data
-        self.state = build_state(job, weights, self.features[:1])
+        self.source = source
+        self.state = build_state(job, weights, sample)
         self._step_fn = self._build_step(job)
 
     def prepare(self, start_step: int) -> None:
@@ -81,12 +82,14 @@ class LocalEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
-        idx = [
-            slot_indices(len(self.labels), t.seed, step, k, t.slot_batch_size, t.total_num_replicas)
+        # The same source and positions as the workers read: per slot a (features, labels) nest.
+        batches = [
+            self.source.read_local(
+                slot_indices(self.source.num_examples, t.seed, step, k, t.slot_batch_size, t.total_num_replicas, t.shuffle)
+            )
             for k in range(t.replicas_to_aggregate)
         ]
-        xs = np.stack([self.features[i] for i in idx])
-        ys = np.stack([self.labels[i] for i in idx])
+        xs, ys = [b[0] for b in batches], [b[1] for b in batches]
         loss, applied = self._step_fn(tf.constant(step, tf.int64), xs, ys)
         return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
 
@@ -97,15 +100,16 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple[np.ndarray, np.ndarray], weights):
+    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample):
         self.train = train
-        self.features, self.labels = data
+        self.source = source
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.state = build_state(job, weights, self.features[:1])
+            self.state = build_state(job, weights, sample)
+        self.workers = list(resolver.cluster_spec().as_dict().get("worker", []))
         self.job = job
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
@@ -118,25 +122,20 @@ class ClusterEngine:
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
         )
-        features, labels = self.features, self.labels
-
-        def dataset_fn():
-            # The whole (small) training set lives on each worker; closures gather their slot's rows.
-            return tf.data.Dataset.from_tensors((features, labels)).repeat()
-
-        self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
+        self._expected = self.source.fingerprint()
+        self._iterator = iter(self.coordinator.create_per_worker_dataset(self.source.dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
 
     def _build_worker_fn(self):
         model, global_step, aggregator, job = self.state.model, self.state.global_step, self.aggregator, self.job
-        strategy = self.strategy
+        strategy, source, expected = self.strategy, self.source, self._expected
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
         def worker_fn(iterator, step, slot, indices):
-            features, labels = next(iterator)
-            x, y = tf.gather(features, indices), tf.gather(labels, indices)
+            x, y = source.worker_batch(next(iterator), indices, expected)
 
             def replica_fn(x, y):
                 def compute():
@@ -182,6 +181,12 @@ class ClusterEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         """Run one synchronous step; raises StepInterrupted (nothing applied) if asked to stop mid-step."""
+        try:
+            return self._step(step, interrupted)
+        except tf.errors.OpError as e:  # a worker's data missing or different: one line naming it
+            raise (explain_worker_error(e, self.workers) or e) from None
+
+    def _step(self, step: int, interrupted: Callable[[], bool]) -> StepResult:
         t = self.train
         t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
@@ -189,7 +194,9 @@ class ClusterEngine:
         for slot in range(t.total_num_replicas):
             # A tensor made here, not a NumPy array: converting inside the closure would copy it to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_indices(len(self.labels), t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
+            indices = tf.constant(
+                slot_indices(self.source.num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas, t.shuffle)
+            )
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()

@@ -11,15 +11,17 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, LocalEngine, StepInterrupted
 from chief.export import evaluate, export_saved_model, local_model
-from chief.jobs import checked_arrays, load_job
+from chief.jobs import load_job
 from chief.metrics import MetricsLog, Progress
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
+from chief.sources import eval_arrays, explain_worker_error, train_source
 from cluster.config import TrainConfig
 from cluster.control.agent import Report, agent_from_env
 from cluster.errors import EXIT_RESTARTABLE, TrainingError
@@ -59,12 +61,14 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
     stop = StopRequested()
     job = load_job(train.job)
-    data = checked_arrays(job.spec, "train_data", job.train_data())
-    eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
-    sample = data[0][:1]
+    source = train_source(job, run_dir)
+    eval_set = eval_arrays(job) or tuple(  # no eval set: the first (up to) 8,192 training examples
+        tf.nest.map_structure(np.asarray, source.read_local(np.arange(min(source.num_examples, 8192))))
+    )
+    sample = tf.nest.map_structure(np.asarray, source.read_local(np.zeros(1, np.int64))[0])
     weights = initial_weights(job, train.seed, sample)
 
-    engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
+    engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, weights, sample)
     agent = None if standalone else start_agent(stop)
     state = engine.state
     if not standalone:
@@ -184,6 +188,9 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         )
         return EXIT_RESTARTABLE
     except Exception as e:  # a job that raises: one line here, the traceback in the log dir
+        if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
+            print(f"pstrain: error: {data_error}", file=sys.stderr)  # e.g. a data file missing here
+            return 2
         trace = run_dir / "logs" / "chief-0.traceback"
         trace.parent.mkdir(parents=True, exist_ok=True)
         trace.write_text(traceback.format_exc())

@@ -29,6 +29,7 @@ TRAIN_FLAGS = (
     ("--run-dir", str, "run directory (default runs/<job>-<timestamp>); the same dir resumes"),
     ("--checkpoint-every", int, "checkpoint every K steps (0: only at the end)"),
     ("--startup-timeout", float, "seconds to wait for every TF server to accept connections"),
+    ("--shuffle", str, "data order: permutation (default) or index_shuffle (stateless, for very large data sets)"),
 )
 
 

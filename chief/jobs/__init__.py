@@ -11,7 +11,8 @@ import numpy as np
 
 from cluster.errors import ConfigError
 
-REQUIRED = ("model_fn", "loss_fn", "optimizer_fn", "train_data")
+REQUIRED = ("model_fn", "loss_fn", "optimizer_fn")
+TRAIN_SOURCES = ("train_dataset", "train_arrays", "train_data")  # exactly one; see chief/sources.py
 
 
 class JobError(ConfigError):
@@ -24,8 +25,12 @@ class Job:
     model_fn: Callable[[], Any]
     loss_fn: Callable[[Any, Any], Any]
     optimizer_fn: Callable[[], Any]
-    train_data: Callable[[], tuple[np.ndarray, np.ndarray]]
+    train_data: Callable[[], tuple[np.ndarray, np.ndarray]] | None
     eval_data: Callable[[], tuple[np.ndarray, np.ndarray]] | None
+    train_arrays: Callable[[], Any] | None = None  # (features, labels) as paths of .npy files
+    eval_arrays: Callable[[], Any] | None = None
+    train_dataset: Callable[[], Any] | None = None  # a tf.data.Dataset of single (features, labels) examples
+    eval_dataset: Callable[[], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -45,16 +50,30 @@ def load_job(spec: str) -> Job:
         except AttributeError:
             raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
     missing = [name for name in REQUIRED if not callable(getattr(target, name, None))]
+    sources = [name for name in TRAIN_SOURCES if callable(getattr(target, name, None))]
+    if len(sources) != 1:
+        missing.append(" or ".join(TRAIN_SOURCES) if not sources else f"only one of {', '.join(sources)}")
     if missing:
-        raise JobError(f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} (eval_data optional)")
-    eval_data = getattr(target, "eval_data", None)
+        raise JobError(
+            f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} and one of "
+            f"{', '.join(TRAIN_SOURCES)} (eval_* optional)"
+        )
+
+    def optional(name: str):
+        value = getattr(target, name, None)
+        return value if callable(value) else None
+
     return Job(
         spec=spec,
         model_fn=target.model_fn,
         loss_fn=target.loss_fn,
         optimizer_fn=target.optimizer_fn,
-        train_data=target.train_data,
-        eval_data=eval_data if callable(eval_data) else None,
+        train_data=optional("train_data"),
+        eval_data=optional("eval_data"),
+        train_arrays=optional("train_arrays"),
+        eval_arrays=optional("eval_arrays"),
+        train_dataset=optional("train_dataset"),
+        eval_dataset=optional("eval_dataset"),
     )
 
 
