@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from chief.jobs import JobError
+from chief.jobs import JobError, checked_arrays
 
 Nest = Any
 SAMPLES = 16  # examples digested per fingerprint: first, last and evenly spaced between
@@ -269,20 +269,15 @@ def train_source(job, run_dir: Path) -> Source:
         return DatasetSource(job.train_dataset, f"--job {job.spec}: train_dataset()")
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
-    from chief.jobs import checked_arrays
-
     return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")
 
 
 def eval_arrays(job) -> tuple[Nest, Nest] | None:
     """The evaluation set in the chief's memory (evaluation runs on the chief), or None if the job has none."""
-    from chief.jobs import checked_arrays
-
     if job.eval_dataset:
-        dataset = job.eval_dataset()
-        batches = [tf.nest.map_structure(np.asarray, b) for b in dataset.batch(4096).as_numpy_iterator()]
-        data = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
-        return checked_arrays(job.spec, "eval_dataset", tuple(data))
+        batches = list(job.eval_dataset().batch(4096).as_numpy_iterator())
+        data = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches) if batches else None
+        return checked_arrays(job.spec, "eval_dataset", tuple(data) if data else None)
     if job.eval_arrays:
         return checked_arrays(job.spec, "eval_arrays", tuple(tf.nest.map_structure(np.load, job.eval_arrays())))
     if job.eval_data:

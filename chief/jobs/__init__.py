@@ -77,13 +77,17 @@ def load_job(spec: str) -> Job:
     )
 
 
-def checked_arrays(spec: str, what: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Validate that a data function returned (features, labels) of equal length."""
+def checked_arrays(spec: str, what: str, data: Any) -> tuple[Any, Any]:
+    """(features, labels), each an array or a nest (dicts, tuples) of arrays, all with the same non-zero length."""
+    import tensorflow as tf
+
     if not (isinstance(data, tuple) and len(data) == 2):
-        raise JobError(f"--job {spec}: {what}() must return (features, labels) NumPy arrays")
-    features, labels = (np.asarray(a) for a in data)
-    if len(features) != len(labels) or len(features) == 0:
+        raise JobError(f"--job {spec}: {what}() must return (features, labels): arrays or nests (dicts, tuples) of arrays")
+    data = tf.nest.map_structure(np.asarray, data)
+    lengths = {leaf.shape[0] if leaf.ndim else 0 for leaf in tf.nest.flatten(data)}
+    if len(lengths) != 1 or 0 in lengths:
         raise JobError(
-            f"--job {spec}: {what}() returned {len(features)} features and {len(labels)} labels; they must match and be non-empty"
+            f"--job {spec}: {what}() returned arrays of {sorted(lengths)} examples; "
+            "features and labels must match and be non-empty"
         )
-    return features, labels
+    return data
