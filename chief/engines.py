@@ -20,10 +20,11 @@ import tensorflow as tf
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
 from chief.gradients import mean_of_slots, sparse_variables
-from chief.jobs import Job, first_rows, rows
+from chief.jobs import Job
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
-from chief.replica import Replica, gather, inspect_job, replica_step, state_variables
+from chief.replica import Replica, inspect_job, replica_step, state_variables
 from chief.sharding import partitioner
+from chief.sources import Source, explain_worker_error
 from cluster.config import TrainConfig
 
 log = logging.getLogger("pstrain.chief")
@@ -63,6 +64,17 @@ def apply_step(optimizer, variables, state_vars, means) -> None:
     optimizer.apply_gradients(zip(grads, variables, strict=True), experimental_aggregate_gradients=False)
     for variable, delta in zip(state_vars, deltas, strict=True):
         variable.assign_add(delta)
+
+
+def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
+    """The positions of the examples behind gradient `slot` of `step` (chief/data.py)."""
+    t = train
+    return slot_indices(num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas, t.shuffle)
+
+
+def first_batch(source: Source, train: TrainConfig):
+    """Step 0's first slot, read locally: what `inspect_job` checks the job on before training."""
+    return source.read_local(slot_positions(train, source.num_examples, 0, 0))
 
 
 class StepInterrupted(Exception):
@@ -117,13 +129,13 @@ class LocalEngine:
     so it ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
     """
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple, weights):
+    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample):
+        """`source`: the training examples (chief/sources.py); `sample`: one example's features."""
         self.train = train
-        self.data = data
-        self.num_examples = len(tf.nest.flatten(data[1])[0])
-        found = inspect_job(job, train, data, weights)  # refuses a job that breaks the contract
-        self.state = build_state(job, weights, first_rows(data[0]))
-        self.replica = replica_of(job, self.state, found, train, first_rows(data[0]))
+        self.source = source
+        found = inspect_job(job, train, first_batch(source, train), weights)  # refuses a job that breaks the contract
+        self.state = build_state(job, weights, sample)
+        self.replica = replica_of(job, self.state, found, train, sample)
         self.sparse = list(self.replica.sparse)
         self._step_fn = self._build_step()
 
@@ -157,10 +169,9 @@ class LocalEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
-        batches = [
-            rows(self.data, slot_indices(self.num_examples, t.seed, step, k, t.slot_batch_size, t.total_num_replicas))
-            for k in range(t.replicas_to_aggregate)
-        ]
+        # The same source and positions as the workers read: per slot a (features, labels[, weights]) nest.
+        positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
+        batches = [self.source.read_local(p) for p in positions]
         loss, applied = self._step_fn(tf.constant(step, tf.int64), batches)
         return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
 
@@ -171,21 +182,22 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, data: tuple, weights, resolver=None):
-        """`resolver` names the cluster (default: TF_CONFIG's training tasks, as the launcher sets them)."""
+    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample, resolver=None):
+        """`source`: the training examples, built again on each worker (chief/sources.py); `sample`: one
+        example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks)."""
         self.train = train
-        self.data = data
-        self.num_examples = len(tf.nest.flatten(data[1])[0])
-        found = inspect_job(job, train, data, weights)  # refuses a job that breaks the contract
+        self.source = source
+        found = inspect_job(job, train, first_batch(source, train), weights)  # refuses a job that breaks the contract
         allow_loss_scaling_under_ps()
         resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.state = build_state(job, weights, first_rows(data[0]))
+            self.state = build_state(job, weights, sample)
+        self.workers = list(resolver.cluster_spec().as_dict().get("worker", []))
         self.job = job
-        self.replica = replica_of(job, self.state, found, train, first_rows(data[0]))
+        self.replica = replica_of(job, self.state, found, train, sample)
         self.sparse = list(self.replica.sparse)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
@@ -203,24 +215,20 @@ class ClusterEngine:
             start_step=start_step,
             sparse=[*self.sparse, *[False] * len(self.replica.state_variables)],
         )
-        data = self.data
-
-        def dataset_fn():
-            # The whole (small) training set lives on each worker; closures gather their slot's rows.
-            return tf.data.Dataset.from_tensors(data).repeat()
-
-        self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
+        self._expected = self.source.fingerprint()
+        self._iterator = iter(self.coordinator.create_per_worker_dataset(self.source.dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
 
     def _build_worker_fn(self):
         global_step, aggregator, replica = self.state.global_step, self.aggregator, self.replica
-        strategy = self.strategy
+        strategy, source, expected = self.strategy, self.source, self._expected
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
         def worker_fn(iterator, step, slot, indices):
-            batch = gather(next(iterator), indices)
+            batch = source.worker_batch(next(iterator), indices, expected)
 
             def replica_fn(batch):
                 def compute():
@@ -257,6 +265,12 @@ class ClusterEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         """Run one synchronous step; raises StepInterrupted (nothing applied) if asked to stop mid-step."""
+        try:
+            return self._step(step, interrupted)
+        except tf.errors.OpError as e:  # a worker's data missing or different: one line naming it
+            raise (explain_worker_error(e, self.workers) or e) from None
+
+    def _step(self, step: int, interrupted: Callable[[], bool]) -> StepResult:
         t = self.train
         t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
@@ -264,7 +278,7 @@ class ClusterEngine:
         for slot in range(t.total_num_replicas):
             # A tensor made here, not a NumPy array: converting inside the closure would copy it to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_indices(self.num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas))
+            indices = tf.constant(slot_positions(t, self.source.num_examples, step, slot))
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()

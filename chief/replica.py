@@ -15,10 +15,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.data import slot_indices
 from chief.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.gradients import replica_gradients
-from chief.jobs import Job, JobError, rows
+from chief.jobs import Job, JobError
 from chief.losses import slot_loss
 from cluster.config import TrainConfig
 
@@ -88,17 +87,14 @@ def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: t
     return found
 
 
-def inspect_job(job: Job, train: TrainConfig, data: tuple, weights) -> tuple[tuple[int, ...], tuple]:
-    """Check the job on its first slot's batch, on a local copy of the model; returns the positions in
+def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tuple[int, ...], tuple]:
+    """Check the job on its first slot's `batch`, on a local copy of the model; returns the positions in
     `model.non_trainable_weights` of the variables its forward pass assigns, and their shapes. Raises
     JobError (one line) for a contract the engines cannot keep."""
     from chief.export import local_model
 
-    features = data[0]
-    model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], features))
+    model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], batch[0]))
     optimizer = job.optimizer_fn()
-    n = len(tf.nest.flatten(data[1])[0])
-    batch = rows(data, slot_indices(n, train.seed, 0, 0, train.slot_batch_size, train.total_num_replicas))
     candidates = tuple(model.non_trainable_weights)
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate)
     output = model(batch[0], training=False)

@@ -21,15 +21,17 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
 from chief.export import evaluate, export_saved_model, local_model
-from chief.jobs import Job, checked_arrays, first_rows, load_job
+from chief.jobs import Job, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
+from chief.sources import eval_arrays, explain_worker_error, train_source
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError, TrainingError
@@ -77,11 +79,13 @@ class TrainingRun:
     def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
         """Load the job, build the engine from the seed's initial weights, restore the latest checkpoint."""
         job = load_job(train.job)
-        data = checked_arrays(job.spec, "train_data", job.train_data())
-        eval_set = checked_arrays(job.spec, "eval_data", job.eval_data()) if job.eval_data else data
-        sample = first_rows(data[0])
+        source = train_source(job, run_dir)  # built again on each worker from its own files
+        eval_set = eval_arrays(job) or tuple(  # no eval set: the first (up to) 8,192 training examples
+            tf.nest.map_structure(np.asarray, source.read_local(np.arange(min(source.num_examples, 8192))))
+        )
+        sample = tf.nest.map_structure(np.asarray, source.read_local(np.zeros(1, np.int64))[0])
         weights = initial_weights(job, train.seed, sample)
-        engine = (LocalEngine if standalone else ClusterEngine)(job, train, data, weights)
+        engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, weights, sample)
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(engine.state.model.weights))
@@ -233,6 +237,9 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         print(f"pstrain: error: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a job that raises: one line here, the traceback in the log dir
+        if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
+            print(f"pstrain: error: {data_error}", file=sys.stderr)  # e.g. a data file missing here
+            return data_error.exit_code
         trace = run_dir / "logs" / "chief-0.traceback"
         trace.parent.mkdir(parents=True, exist_ok=True)
         trace.write_text(traceback.format_exc())

@@ -31,6 +31,7 @@ TRAIN_FLAGS = (
     ("--checkpoint-every", int, "checkpoint every K steps (0: only at the end)"),
     ("--eval-every", int, "evaluate on the job's eval_data every K steps (0: only at the end)"),
     ("--startup-timeout", float, "seconds to wait for every TF server to accept connections"),
+    ("--shuffle", str, "data order: permutation (default) or index_shuffle (stateless, for very large data sets)"),
 )
 
 

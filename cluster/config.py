@@ -56,6 +56,7 @@ class TrainConfig:
     eval_every: int = 0  # evaluate on eval_data() every K steps (0: only at the end)
     run_dir: str = ""  # empty: runs/<job>-<timestamp>
     startup_timeout: float = 60.0  # seconds to wait for every TF server to accept connections
+    shuffle: str = "permutation"  # data order: "permutation" (NumPy, O(N)) or "index_shuffle" (stateless, O(batch))
 
     @property
     def slot_batch_size(self) -> int:
@@ -270,6 +271,11 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
     if not isinstance(run_dir, str):
         raise ConfigError(f"train.run_dir: expected a path, got {run_dir!r}")
     timeout = _seconds("train.startup_timeout", raw.get("startup_timeout", defaults.startup_timeout))
+    shuffle = raw.get("shuffle", defaults.shuffle)
+    if shuffle not in ("permutation", "index_shuffle"):
+        raise ConfigError(
+            f"train.shuffle: expected 'permutation' or 'index_shuffle' (stateless, for very large data sets), got {shuffle!r}"
+        )
     return TrainConfig(
         job=job.strip(),
         steps=steps,
@@ -281,6 +287,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         eval_every=eval_every,
         run_dir=run_dir,
         startup_timeout=float(timeout),
+        shuffle=shuffle,
     )
 
 

@@ -41,3 +41,14 @@ def test_embedding_benchmark_runs_every_peer(tmp_path):
     assert set(runs) == {"pstrain", "async", "tf1", "single", "transfer"}
     assert all(run[0]["step_s"] > 0 for run in runs.values())
     assert runs["transfer"][0]["rows_per_slot"] > 0 and "rows touched per slot" in result.stdout
+
+
+def test_benchmark_data_section_runs_every_source(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "tests.benchmarks.bench", "--sizes", "", "--repeats", "1", "--steps", "5", "--data"]
+    argv += ["--data-gb", "0.005", "--data-files", "300", "--data-dir", str(tmp_path / "data"), "--out", str(out)]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = json.loads(out.read_text())["data"]
+    assert len(runs) == 4 and all(r[0]["step_s"] > 0 and r[0]["startup_s"] > 0 for r in runs.values())
+    assert "| (c) large .npy on the workers (train_arrays) |" in result.stdout

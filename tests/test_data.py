@@ -28,3 +28,18 @@ def test_batches_cross_epoch_boundaries():
     assert sorted(idx[:10].tolist()) == list(range(n))
     # The next epoch is a different shuffle.
     assert not np.array_equal(idx[:10], idx[10:20])
+
+
+def test_index_shuffle_is_a_permutation_per_epoch_and_deterministic():
+    n, batch, slots = 96, 8, 2
+    steps_per_epoch = n // (batch * slots)
+
+    def epoch(e: int) -> np.ndarray:
+        steps = range(e * steps_per_epoch, (e + 1) * steps_per_epoch)
+        return np.concatenate([slot_indices(n, 3, s, k, batch, slots, "index_shuffle") for s in steps for k in range(slots)])
+
+    first, second = epoch(0), epoch(1)
+    assert sorted(first.tolist()) == list(range(n)) and sorted(second.tolist()) == list(range(n))
+    assert not np.array_equal(first, second) and not np.array_equal(first, np.arange(n))
+    assert np.array_equal(first, epoch(0))
+    assert not np.array_equal(first, slot_indices(n, 3, 0, 0, n, 1, "permutation"))

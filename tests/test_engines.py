@@ -15,6 +15,7 @@ from chief.jobs import first_rows, load_job, recommender
 from chief.model_state import initial_weights
 from chief.optimizers import LazyAdam
 from chief.sharding import read_full, shard_groups
+from chief.sources import train_source
 from cluster.config import TrainConfig
 
 TABLES = recommender.small  # its user table is sharded over both ps (chief/sharding.py)
@@ -32,12 +33,19 @@ OPTIMIZERS = {
 }
 
 
-def run_both(resolver, job, steps: int, train: TrainConfig):
-    data = job.train_data()
-    weights = initial_weights(job, train.seed, first_rows(data[0]))
-    cluster = ClusterEngine(job, train, data, weights, resolver=resolver)
+def engine_inputs(job, train: TrainConfig, run_dir):
+    """What the trainer hands an engine: the job's source (arrays written under `run_dir`), the
+    seed's initial weights and one example's features."""
+    source = train_source(job, run_dir)
+    sample = first_rows(job.train_data()[0])
+    return source, initial_weights(job, train.seed, sample), sample
+
+
+def run_both(resolver, job, steps: int, train: TrainConfig, run_dir):
+    source, weights, sample = engine_inputs(job, train, run_dir)
+    cluster = ClusterEngine(job, train, source, weights, sample, resolver=resolver)
     cluster.prepare(0)
-    local = LocalEngine(job, train, data, weights)
+    local = LocalEngine(job, train, source, weights, sample)
     local.prepare(0)
     results = [(cluster.step(k), local.step(k)) for k in range(steps)]
     cluster.close()
@@ -53,11 +61,11 @@ def full_weights(engine, like: list[np.ndarray]) -> list[np.ndarray]:
 
 @pytest.mark.cluster  # a real TF cluster (in-process); about 5 s per case
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_sparse_tables_train_as_standalone_with_every_optimizer(in_process_cluster, name):
+def test_sparse_tables_train_as_standalone_with_every_optimizer(in_process_cluster, name, tmp_path):
     job = dataclasses.replace(load_job("chief.jobs.recommender"), optimizer_fn=OPTIMIZERS[name])
     job = dataclasses.replace(job, model_fn=TABLES.model_fn, train_data=TABLES.train_data)
     train = TrainConfig(job="recommender", steps=4, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
-    cluster, local, results = run_both(in_process_cluster, job, 4, train)
+    cluster, local, results = run_both(in_process_cluster, job, 4, train, tmp_path)
     assert any("/part_1" in v.name for v in cluster.state.model.weights), "the user table is sharded over both ps"
     assert (sum(local.sparse), sum(cluster.sparse)) == (5, 6), "every table (each shard of one) is row-sparse, the MLP dense"
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
@@ -67,12 +75,10 @@ def test_sparse_tables_train_as_standalone_with_every_optimizer(in_process_clust
 
 
 @pytest.mark.cluster
-def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster):
+def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster, tmp_path):
     job = dataclasses.replace(load_job("chief.jobs.recommender"), model_fn=TABLES.model_fn, train_data=TABLES.train_data)
     train = TrainConfig(job="recommender", steps=6, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=3)
-    cluster = ClusterEngine(
-        job, train, job.train_data(), initial_weights(job, 0, first_rows(job.train_data()[0])), resolver=in_process_cluster
-    )
+    cluster = ClusterEngine(job, train, *engine_inputs(job, train, tmp_path), resolver=in_process_cluster)
     cluster.prepare(0)
     results = [cluster.step(k) for k in range(6)]
     dropped = sum(r.stale_dropped for r in results) + cluster.close()

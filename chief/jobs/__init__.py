@@ -11,8 +11,9 @@ import numpy as np
 
 from cluster.errors import ConfigError
 
-REQUIRED = ("model_fn", "loss_fn", "optimizer_fn", "train_data")
-OPTIONAL = ("eval_data", "metrics_fn")
+REQUIRED = ("model_fn", "loss_fn", "optimizer_fn")
+TRAIN_SOURCES = ("train_dataset", "train_arrays", "train_data")  # exactly one; see chief/sources.py
+OPTIONAL = ("eval_dataset", "eval_arrays", "eval_data", "metrics_fn")
 
 
 class JobError(ConfigError):
@@ -25,9 +26,13 @@ class Job:
     model_fn: Callable[[], Any]
     loss_fn: Any  # a function (scalar or per-example losses) or a tf_keras.losses.Loss object
     optimizer_fn: Callable[[], Any]
-    train_data: Callable[[], tuple]
+    train_data: Callable[[], tuple] | None  # (features, labels[, sample_weights]) arrays or nests of arrays
     eval_data: Callable[[], tuple] | None
     metrics_fn: Callable[[], list] | None = None
+    train_arrays: Callable[[], Any] | None = None  # the same as paths of .npy files
+    eval_arrays: Callable[[], Any] | None = None
+    train_dataset: Callable[[], Any] | None = None  # a tf.data.Dataset of single (features, labels[, weights]) examples
+    eval_dataset: Callable[[], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -47,18 +52,31 @@ def load_job(spec: str) -> Job:
         except AttributeError:
             raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
     missing = [name for name in REQUIRED if not callable(getattr(target, name, None))]
+    sources = [name for name in TRAIN_SOURCES if callable(getattr(target, name, None))]
+    if len(sources) != 1:
+        missing.append(" or ".join(TRAIN_SOURCES) if not sources else f"only one of {', '.join(sources)}")
     if missing:
         raise JobError(
-            f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} ({', '.join(OPTIONAL)} optional)"
+            f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} and one of "
+            f"{', '.join(TRAIN_SOURCES)} ({', '.join(OPTIONAL)} optional)"
         )
-    optional = {name: getattr(target, name, None) for name in OPTIONAL}
+
+    def optional(name: str):
+        value = getattr(target, name, None)
+        return value if callable(value) else None
+
     return Job(
         spec=spec,
         model_fn=target.model_fn,
         loss_fn=target.loss_fn,
         optimizer_fn=target.optimizer_fn,
-        train_data=target.train_data,
-        **{name: fn if callable(fn) else None for name, fn in optional.items()},
+        train_data=optional("train_data"),
+        eval_data=optional("eval_data"),
+        train_arrays=optional("train_arrays"),
+        eval_arrays=optional("eval_arrays"),
+        train_dataset=optional("train_dataset"),
+        eval_dataset=optional("eval_dataset"),
+        metrics_fn=optional("metrics_fn"),
     )
 
 

@@ -1,12 +1,16 @@
 """pstrain against its peers, interleaved and repeated in one invocation on this machine.
 
-    python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling]
+    python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling] [--data]
 
 Peers, same model and global batch: pstrain sync (2 workers, 1 ps), TF2 ParameterServerStrategy
 asynchronous, the TF1 SyncReplicasOptimizer recipe (2 workers), MultiWorkerMirroredStrategy
 (2 workers) and one process. Reports medians, each peer's examples/s relative to pstrain's, the
 start-up (launch to first step) separately, pstrain's step breakdown, and the transfer limit:
 the time TF's gRPC needs to move a pstrain step's bytes on this machine.
+
+--data: launch-to-first-step and per-step time of pstrain (1 M MLP, 2 workers) with its data (a) small
+arrays, (b) --data-gb of arrays from train_data(), (c) the same as .npy files the workers read,
+(d) one file per example; the data are written to --data-dir before any timing.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.benchmarks.jobs import JOBS, parameters
+from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -110,14 +114,16 @@ def peer_single(size: str, batch: int, steps: int) -> dict:
     return run_group([(argv, {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})], 0)
 
 
-def peer_pstrain(size: str, batch: int, steps: int, workers: int = 2, ps: int = 1, job: str = "") -> dict:
+def peer_pstrain(
+    size: str, batch: int, steps: int, workers: int = 2, ps: int = 1, job: str = "", env: dict | None = None
+) -> dict:
     """pstrain launched as a user would (`job`: default the MLP of `size`); step times from metrics.jsonl."""
     tmp = tempfile.mkdtemp(prefix="pstrain-bench-")  # kept when pstrain fails, for its logs
     run_dir = Path(tmp) / "run"
     argv = [PY, "-m", "cluster.cli", "launch", "--job", job or JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
     argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
     t_launch = time.time()
-    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})})
     if run.returncode:
         raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
     steps_ = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "step" in r]
@@ -163,6 +169,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--global-batch-size", type=int, default=256)
     parser.add_argument("--scaling", action="store_true", help="also pstrain with 1, 2, 4, 8 workers and 1, 2 ps (10m)")
+    parser.add_argument("--data", action="store_true", help="also pstrain fed from (a)-(d): where the data lives")
+    parser.add_argument("--data-gb", type=float, default=2.0, help="size of the large set for --data (b), (c)")
+    parser.add_argument("--data-files", type=int, default=20000, help="example files for --data (d)")
+    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "pstrain-bench-data"), help="kept for reuse")
     parser.add_argument("--out", default="", help="write all results as JSON here")
     args = parser.parse_args()
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
@@ -186,6 +196,9 @@ def main() -> int:
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps)
         print(scaling_table(results["scaling"], batch), flush=True)
+    if args.data:
+        results["data"] = data_runs(args.data_dir, args.data_gb, args.data_files, args.repeats, batch, args.steps)
+        print(data_table(results["data"], args.data_gb, args.data_files), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0
@@ -231,6 +244,33 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
         "time to the N-th gradient by phase (closure cut short after each): "
         + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in phases.items())
     )
+    return "\n".join(lines)
+
+
+def data_runs(directory: str, gigabytes: float, files: int, repeats: int, batch: int, steps: int) -> dict[str, list[dict]]:
+    write_bench_data(directory, gigabytes, files)
+    runs: dict[str, list[dict]] = {name: [] for name in DATA_JOBS}
+    for repeat in range(repeats):  # interleaved: every set-up once per round
+        for name, job in DATA_JOBS.items():
+            r = peer_pstrain("1m", batch, steps, job=job, env={"PSTRAIN_BENCH_DATA": directory})
+            runs[name].append(r)
+            what = f"start-up {r['startup_s']:.1f} s, {r['step_s'] * 1000:.1f} ms/step"
+            print(f"  data round {repeat + 1} {name}: {what}", flush=True)
+    return runs
+
+
+def data_table(runs: dict[str, list[dict]], gigabytes: float, files: int) -> str:
+    base = next(iter(runs.values()))
+    start_a, step_a = med(base, "startup_s"), med(base, "step_s")
+    lines = [
+        f"\nwhere the data lives (1 M MLP, 2 workers; large set {gigabytes:g} GB, {files:,} example files)",
+        "| data | launch to first step s | ÷ (a) | ms/step | ÷ (a) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in runs.items():
+        start, step = med(r, "startup_s"), med(r, "step_s")
+        ratios = f"{start:.1f} | {start / start_a:.2f}× | {step * 1000:.1f} | {step / step_a:.2f}×"
+        lines.append(f"| ({name[0]}) {name[2:]} | {ratios} |")
     return "\n".join(lines)
 
 

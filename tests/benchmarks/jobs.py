@@ -6,6 +6,7 @@ random (fixed seed) and the model is a plain MLP: 784 -> H -> H -> 10.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -71,3 +72,82 @@ class Mlp50M(_Mlp):
 
 
 JOBS = {"1m": "tests.benchmarks.jobs:Mlp1M", "10m": "tests.benchmarks.jobs:Mlp10M", "50m": "tests.benchmarks.jobs:Mlp50M"}
+
+
+# --- where the data lives (bench.py --data): the 1 M MLP fed four ways ------------------------------
+# $PSTRAIN_BENCH_DATA holds x.npy / y.npy (the large set) and files/NNNNNNN.bin (one example per file),
+# written by bench.py before any timing.
+
+
+def _bench_dir() -> str:
+    return os.environ["PSTRAIN_BENCH_DATA"]
+
+
+class DataSmall(Mlp1M):
+    """(a) small arrays from train_data(): 4,096 examples, 12 MiB."""
+
+
+class DataArrays(Mlp1M):
+    """(b) the large set as train_data() arrays in the chief's memory."""
+
+    train_data = staticmethod(lambda: (np.load(f"{_bench_dir()}/x.npy"), np.load(f"{_bench_dir()}/y.npy")))
+
+
+class DataNpy(Mlp1M):
+    """(c) the same large set as .npy files each worker reads (train_arrays(), the fast path)."""
+
+    train_data = None
+    train_arrays = staticmethod(lambda: (f"{_bench_dir()}/x.npy", f"{_bench_dir()}/y.npy"))
+
+
+class DataFiles(Mlp1M):
+    """(d) one file per example (train_dataset()): 784 raw float32 values per file; label = index mod 10."""
+
+    train_data = None
+
+    @staticmethod
+    def train_dataset():
+        folder = f"{_bench_dir()}/files"
+        count = int(open(f"{folder}/count").read())
+
+        def read(i):
+            name = tf.strings.join([folder, "/", tf.strings.as_string(i, width=7, fill="0"), ".bin"])
+            x = tf.ensure_shape(tf.io.decode_raw(tf.io.read_file(name), tf.float32), [INPUTS])
+            return x, tf.cast(i % CLASSES, tf.int32)
+
+        return tf.data.Dataset.range(count).map(read)
+
+
+DATA_JOBS = {
+    "a small arrays": "tests.benchmarks.jobs:DataSmall",
+    "b large arrays (train_data)": "tests.benchmarks.jobs:DataArrays",
+    "c large .npy on the workers (train_arrays)": "tests.benchmarks.jobs:DataNpy",
+    "d one file per example (train_dataset)": "tests.benchmarks.jobs:DataFiles",
+}
+
+
+def write_bench_data(directory: str, gigabytes: float, files: int) -> None:
+    """x.npy/y.npy of `gigabytes` and `files` example files, unless already there with those sizes."""
+    from pathlib import Path
+
+    from chief.sources import write_npy
+
+    root = Path(directory)
+    (root / "files").mkdir(parents=True, exist_ok=True)
+    rows = int(gigabytes * 1e9 / (4 * INPUTS))
+    x_path = root / "x.npy"
+    if not x_path.exists() or np.load(x_path, mmap_mode="r").shape[0] != rows:
+        x = np.lib.format.open_memmap(root / "x.tmp.npy", mode="w+", dtype=np.float32, shape=(rows, INPUTS))
+        rng = np.random.default_rng(0)
+        for start in range(0, rows, 65536):
+            x[start : start + 65536] = rng.standard_normal((min(65536, rows - start), INPUTS), dtype=np.float32)
+        x.flush()
+        del x
+        os.replace(root / "x.tmp.npy", x_path)
+        write_npy(root / "y.npy", (np.arange(rows) % CLASSES).astype(np.int32))
+    count = root / "files" / "count"
+    if not count.exists() or int(count.read_text()) != files:
+        rng = np.random.default_rng(1)
+        for i in range(files):
+            (root / "files" / f"{i:07d}.bin").write_bytes(rng.standard_normal(INPUTS, dtype=np.float32).tobytes())
+        count.write_text(str(files))

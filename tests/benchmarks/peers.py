@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -217,16 +220,19 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
     real closure (push). Each phase is the difference of medians of the time to the N-th result."""
     from chief.engines import ClusterEngine
     from chief.gradients import replica_gradients
-    from chief.jobs import first_rows, load_job
+    from chief.jobs import load_job
     from chief.model_state import initial_weights
+    from chief.sources import train_source
     from cluster.config import TrainConfig
     from tests.benchmarks.jobs import JOBS
 
     job = load_job(JOBS[size])
-    data = job.train_data()
+    data_dir = Path(tempfile.mkdtemp(prefix="pstrain-breakdown-"))  # train_data() arrays, for the workers
+    source = train_source(job, data_dir)
+    sample = source.read_local(np.zeros(1, np.int64))[0].numpy()
     workers = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().num_tasks("worker")
     train = TrainConfig(job=JOBS[size], global_batch_size=global_batch, replicas_to_aggregate=workers, total_num_replicas=workers)
-    engine = ClusterEngine(job, train, data, initial_weights(job, 0, first_rows(data[0])))
+    engine = ClusterEngine(job, train, source, initial_weights(job, 0, sample), sample)
     engine.prepare(0)
     model, strategy, global_step = engine.state.model, engine.strategy, engine.state.global_step
 
@@ -244,8 +250,7 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
 
     @tf.function
     def compute(iterator, step, slot, indices):
-        features, labels = next(iterator)
-        x, y = tf.gather(features, indices), tf.gather(labels, indices)
+        x, y = engine.source.worker_batch(next(iterator), indices, engine._expected)
 
         def replica(x, y):
             variables = model.trainable_variables
@@ -275,6 +280,7 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
             timing = engine.step(step).timing
             to_nth[name].append(timing["schedule"] + timing["first_gradient"] + timing["wait_for_n"])
             step += 1
+    shutil.rmtree(data_dir, ignore_errors=True)
     medians = {name: statistics.median(times[WARMUP:]) for name, times in to_nth.items()}
     phases, before = {}, 0.0
     for name, value in medians.items():

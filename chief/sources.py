@@ -1,0 +1,324 @@
+"""Where a job's examples live, and how the examples of one (step, slot) are read where they are used.
+
+A source is built on each worker by TensorFlow ops (the chief only traces `dataset_fn`), so no data
+passes through the chief or sits in a graph as a constant. Two kinds:
+
+- `TableSource`: arrays in `.npy` files (the job's own, or those pstrain writes from `train_data()`)
+  read once into the worker's memory; a closure gathers its rows (a gather, as fast as an in-memory
+  array).
+- `DatasetSource`: the job's `tf.data.Dataset` of single examples (element i = example i), read by
+  position with `tf.data.experimental.at` in a parallel map, so memory does not grow with the set.
+
+Both engines read through the same code: the standalone process reads the same positions locally.
+Each worker's source carries a fingerprint (cardinality + a digest of sampled examples) that every
+closure compares with the chief's before it computes, so different data on one worker is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from chief.jobs import JobError, checked_arrays
+
+Nest = Any
+SAMPLES = 16  # examples digested per fingerprint: first, last and evenly spaced between
+MISMATCH_TAG = "pstrain-data-mismatch"
+# Examples read at once by a closure. A fixed number, not AUTOTUNE: each closure's read is a fresh,
+# one-batch pipeline that autotuning never warms up for (128 one-file reads: 7.2 ms with AUTOTUNE,
+# 3.2 ms with 64, in one process on this machine).
+READ_PARALLELISM = 64
+
+
+class DataError(JobError):
+    """Data that is missing or differs on a worker; the message names the worker, its host and what."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    cardinality: int
+    digest: int  # farmhash of the serialized sampled examples, as int64
+
+
+def sample_positions(num_examples: int, samples: int = SAMPLES) -> np.ndarray:
+    """The positions a fingerprint digests: spread over the whole set, first and last included."""
+    return np.unique(np.linspace(0, num_examples - 1, min(samples, num_examples)).round().astype(np.int64))
+
+
+def digest(batch: Nest) -> tf.Tensor:
+    """An int64 digest of a nest of tensors (TF ops: runs alike on the chief and on a worker)."""
+    serialized = tf.stack([tf.io.serialize_tensor(leaf) for leaf in tf.nest.flatten(batch)])
+    rows = tf.fingerprint(serialized)  # [leaves, 8] uint8
+    return tf.bitcast(tf.reshape(tf.fingerprint(tf.reshape(rows, [1, -1])), [8]), tf.int64)
+
+
+class Source(ABC):
+    """Examples 0..num_examples-1, readable by position on a worker and in this process."""
+
+    num_examples: int
+
+    @abstractmethod
+    def read_local(self, indices: np.ndarray) -> Nest:
+        """The examples at `indices` as a nest of tensors with a leading batch axis, read in this process."""
+
+    @abstractmethod
+    def _build(self) -> tuple[tf.Tensor, Nest]:
+        """TF ops run on the worker (inside a dataset map): (cardinality, handle to read from)."""
+
+    @abstractmethod
+    def _read(self, handle: Nest, indices: tf.Tensor) -> Nest:
+        """TF ops: the examples at `indices` from what `_build` made."""
+
+    def fingerprint(self) -> Fingerprint:
+        """The chief's expectation, from its own view of the data (touches only the sampled examples)."""
+        batch = self.read_local(sample_positions(self.num_examples))
+        return Fingerprint(self.num_examples, int(digest(batch).numpy()))
+
+    def dataset_fn(self) -> tf.data.Dataset:
+        """Per-worker dataset: one element ((cardinality, digest), handle), repeated.
+
+        The source is built lazily by the first closure's `next()` (and then cached), so a failure
+        such as a missing file surfaces in that closure with the worker's name, not as a hang.
+        """
+        positions = tf.constant(sample_positions(self.num_examples))
+
+        def build(_):
+            cardinality, handle = self._build()
+            safe = tf.minimum(positions, tf.maximum(cardinality - 1, 0))  # a shorter set must not fail the gather
+            return (cardinality, digest(self._read(handle, safe))), handle
+
+        return tf.data.Dataset.range(1).map(build).cache().repeat()
+
+    def worker_batch(self, element: Nest, indices: tf.Tensor, expected: Fingerprint) -> Nest:
+        """In the closure: check the worker's fingerprint against the chief's, then read the slot's examples."""
+        (cardinality, found), handle = element
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
+        check = tf.debugging.Assert(
+            same,
+            [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
+        )
+        with tf.control_dependencies([check]):
+            indices = tf.identity(indices)
+        return self._read(handle, indices)
+
+
+# --- arrays in .npy files -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NpyFile:
+    """Where one array lies in a `.npy` file, as read from its header on the chief."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int  # bytes of header before the data
+
+    @classmethod
+    def read_header(cls, path: str, what: str) -> NpyFile:
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
+                offset = f.tell()
+        except FileNotFoundError:
+            raise JobError(f"{what}: {path} not found on the chief; every process reads the .npy files at this path") from None
+        except ValueError as e:
+            raise JobError(f"{what}: {path} is not a .npy file ({e})") from None
+        if fortran or dtype.hasobject or not shape or offset % max(dtype.itemsize, 1) or offset % 64:
+            raise JobError(
+                f"{what}: {path} must hold a C-ordered numeric array with a leading example axis "
+                "(save it with np.save(path, np.ascontiguousarray(a)))"
+            )
+        return cls(str(path), dtype, tuple(shape), offset)
+
+    def load(self) -> tf.Tensor:
+        """TF ops: the whole array, decoded from the file's bytes (one copy; the header is sliced off)."""
+        bool_ = self.dtype == np.bool_
+        raw_dtype = tf.uint8 if bool_ else tf.as_dtype(self.dtype.newbyteorder("="))
+        values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=self.dtype.byteorder != ">")
+        values = tf.reshape(values[self.offset // self.dtype.itemsize :], [-1, *self.shape[1:]])
+        return tf.cast(values, tf.bool) if bool_ else values
+
+
+def write_npy(path: Path, array: np.ndarray) -> None:
+    """Write an array atomically (tmp + rename), C-ordered."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(array))
+    tmp.replace(path)
+
+
+class TableSource(Source):
+    """Arrays read once into each worker's memory from `.npy` files; closures gather their rows."""
+
+    def __init__(self, files: Nest, arrays: Nest):
+        self.files = files  # nest of NpyFile, read by the workers
+        self.arrays = arrays  # the same nest as arrays in this process (in memory or memory-mapped)
+        lengths = {f.shape[0] for f in tf.nest.flatten(files)}
+        if len(lengths) != 1:
+            raise JobError(f"the arrays hold different numbers of examples ({sorted(lengths)}); they must match")
+        self.num_examples = lengths.pop()
+
+    @classmethod
+    def from_arrays(cls, data: Nest, directory: Path) -> TableSource:
+        """`train_data()` arrays: written once to `directory` (the run dir) for the workers to read."""
+        directory.mkdir(parents=True, exist_ok=True)
+        leaves = tf.nest.flatten(data)
+        files = []
+        for i, leaf in enumerate(leaves):
+            path = directory.resolve() / f"train-{i}.npy"
+            write_npy(path, leaf)
+            files.append(NpyFile.read_header(str(path), "train_data()"))
+        return cls(tf.nest.pack_sequence_as(data, files), data)
+
+    @classmethod
+    def from_npy_paths(cls, paths: Nest, what: str) -> TableSource:
+        """`train_arrays()`: the job's own .npy files, at the same path on every machine."""
+        files = tf.nest.map_structure(lambda p: NpyFile.read_header(str(p), what), paths)
+        arrays = tf.nest.map_structure(lambda f: np.load(f.path, mmap_mode="r"), files)
+        return cls(files, arrays)
+
+    def read_local(self, indices: np.ndarray) -> Nest:
+        return tf.nest.map_structure(lambda a: tf.constant(np.asarray(a[np.asarray(indices)])), self.arrays)
+
+    def _build(self):
+        tables = tf.nest.map_structure(NpyFile.load, self.files)
+        return tf.cast(tf.shape(tf.nest.flatten(tables)[0])[0], tf.int64), tables
+
+    def _read(self, handle, indices):
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices), handle)
+
+
+# --- a tf.data.Dataset of single examples -----------------------------------------------------------
+
+
+def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
+    """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch."""
+    n = indices.shape[0] if indices.shape[0] is not None else tf.size(indices, out_type=tf.int64)
+    reads = tf.data.Dataset.from_tensor_slices(indices).map(
+        lambda i: tf.data.experimental.at(dataset, i), num_parallel_calls=READ_PARALLELISM, deterministic=True
+    )
+    return reads.batch(n).get_single_element()
+
+
+class DatasetSource(Source):
+    """The job's `train_dataset()`: built on each worker from that worker's files, read by position."""
+
+    def __init__(self, make: Callable[[], tf.data.Dataset], what: str):
+        self.make, self.what = make, what
+        self._local: tuple[str, tf.data.Dataset] | None = None
+        cardinality = int(self.local().cardinality().numpy())
+        if cardinality <= 0:
+            kind = {-1: "infinite", -2: "unknown"}.get(cardinality, "empty")
+            raise JobError(
+                f"{what}: the dataset's cardinality is {kind}; return a finite dataset whose size is known, "
+                "e.g. Dataset.range(n).map(read) or from_tensor_slices(paths).map(decode) (no filter/interleave)"
+            )
+        self.num_examples = cardinality
+
+    def _made(self) -> tf.data.Dataset:
+        dataset = self.make()
+        if not isinstance(dataset, tf.data.Dataset):
+            raise JobError(f"{self.what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+        return dataset
+
+    def local(self) -> tf.data.Dataset:
+        """The dataset in this process, made again once the process has joined a cluster (its devices change)."""
+        space = context.context().host_address_space()
+        if self._local is None or self._local[0] != space:
+            self._local = (space, self._made())
+        return self._local[1]
+
+    def read_local(self, indices: np.ndarray) -> Nest:
+        return read_positions(self.local(), tf.constant(np.asarray(indices, np.int64)))
+
+    def _build(self):
+        dataset = self.make()
+        return dataset.cardinality(), dataset
+
+    def _read(self, handle, indices):
+        return read_positions(handle, indices)
+
+    def dataset_fn(self) -> tf.data.Dataset:
+        # The dataset itself cannot pass through a map's output, so it rides beside the cached fingerprint.
+        dataset = self.make()
+        positions = tf.constant(sample_positions(self.num_examples))
+
+        def fingerprint(_):
+            cardinality = dataset.cardinality()
+            safe = tf.minimum(positions, tf.maximum(cardinality - 1, 0))
+            return cardinality, digest(read_positions(dataset, safe))
+
+        checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
+        return tf.data.Dataset.zip((checks, tf.data.Dataset.from_tensors(dataset).repeat()))
+
+
+# --- the job's choice, and errors from workers ------------------------------------------------------
+
+
+def train_source(job, run_dir: Path) -> Source:
+    """The job's training data as a source: train_dataset(), train_arrays() or train_data()."""
+    if job.train_dataset:
+        return DatasetSource(job.train_dataset, f"--job {job.spec}: train_dataset()")
+    if job.train_arrays:
+        return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
+    return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")
+
+
+def eval_arrays(job) -> tuple[Nest, Nest] | None:
+    """The evaluation set in the chief's memory (evaluation runs on the chief), or None if the job has none."""
+    if job.eval_dataset:
+        batches = list(job.eval_dataset().batch(4096).as_numpy_iterator())
+        data = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches) if batches else None
+        return checked_arrays(job.spec, "eval_dataset", tuple(data) if data else None)
+    if job.eval_arrays:
+        return checked_arrays(job.spec, "eval_arrays", tuple(tf.nest.map_structure(np.load, job.eval_arrays())))
+    if job.eval_data:
+        return checked_arrays(job.spec, "eval_data", job.eval_data())
+    return None
+
+
+_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+_MISSING = re.compile(r"([^\s:;]+); No such file or directory")
+_MISMATCH = re.compile(
+    MISMATCH_TAG + r"\] \[worker\] \[(\d+)\] \[cardinality\] \[(-?\d+)\] \[(-?\d+)\] \[digest\] \[(-?\d+)\] \[(-?\d+)\]"
+)
+
+
+def explain_worker_error(error: tf.errors.OpError, workers: list[str]) -> DataError | None:
+    """One line for a data error raised in a closure (a missing file, a fingerprint mismatch), else None."""
+    message = error.message or ""
+    if match := _MISMATCH.search(message):
+        worker, card, want_card, found, want = (int(g) for g in match.groups())
+        what = (
+            f"{card} examples, the chief expects {want_card}"
+            if card != want_card
+            else f"the same {card} examples but different content (digest {found:#x}, the chief's {want:#x})"
+        )
+        return DataError(
+            f"worker {worker} ({_host(workers, worker)}): its training data differs from the chief's: {what}; "
+            "give every machine the same files"
+        )
+    if isinstance(error, tf.errors.NotFoundError) and (missing := _MISSING.search(message)):
+        task = _TASK.search(message)
+        where = f"worker {task.group(1)} ({_host(workers, int(task.group(1)))})" if task else "this process (the chief)"
+        return DataError(
+            f"{where}: data file {missing.group(1)} not found; every machine reads the job's files from its own disk "
+            "(copy them there or use a shared mount)"
+        )
+    return None
+
+
+def _host(workers: list[str], index: int) -> str:
+    return workers[index] if 0 <= index < len(workers) else "unknown host"

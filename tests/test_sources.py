@@ -1,0 +1,90 @@
+"""Data sources (chief/sources.py) in one process: what a worker's TF ops read equals the local read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from chief.jobs import JobError, load_job
+from chief.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
+from cluster.config import ConfigError, TrainConfig
+from cluster.rundir import check_compatible
+
+
+def worker_read(source, indices):
+    """What a closure does, minus the cluster: build on 'the worker' with TF ops, then read positions."""
+
+    @tf.function
+    def run(idx):
+        cardinality, handle = source._build()
+        return cardinality, source._read(handle, idx)
+
+    return run(tf.constant(indices, tf.int64))
+
+
+def test_npy_files_decode_on_the_worker_exactly_for_nested_features(tmp_path):
+    arrays = (
+        {
+            "pixels": np.arange(5 * 3 * 2, dtype=np.float32).reshape(5, 3, 2),
+            "flags": np.array([True, False, True, True, False]),
+            "big_endian": np.arange(5, dtype=">i8"),
+        },
+        np.arange(5, dtype=np.int32) * 7,
+    )
+    leaves = []
+    for i, leaf in enumerate(tf.nest.flatten(arrays)):
+        write_npy(tmp_path / f"{i}.npy", leaf)
+        leaves.append(str(tmp_path / f"{i}.npy"))
+    paths = tf.nest.pack_sequence_as(arrays, leaves)
+    source = TableSource.from_npy_paths(paths, "train_arrays()")
+    assert source.num_examples == 5
+    indices = np.array([4, 0, 2, 2])
+    cardinality, remote = worker_read(source, indices)
+    local = source.read_local(indices)
+    assert int(cardinality) == 5
+    for got, want, original in zip(tf.nest.flatten(remote), tf.nest.flatten(local), tf.nest.flatten(arrays), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        np.testing.assert_array_equal(got.numpy(), original[indices])
+    assert int(digest(remote)) == int(digest(local))
+
+
+def test_train_data_arrays_are_written_once_and_read_back(tmp_path):
+    x, y = np.random.default_rng(0).standard_normal((7, 3)).astype(np.float32), np.arange(7)
+    source = TableSource.from_arrays((x, y), tmp_path / "data")
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train-0.npy", "train-1.npy"]
+    _, (gx, gy) = worker_read(source, [6, 1])
+    np.testing.assert_array_equal(gx.numpy(), x[[6, 1]])
+    np.testing.assert_array_equal(gy.numpy(), y[[6, 1]])
+
+
+def test_fortran_ordered_npy_is_refused_with_the_fix(tmp_path):
+    np.save(tmp_path / "f.npy", np.asfortranarray(np.ones((3, 2), np.float32)))
+    with pytest.raises(JobError, match="C-ordered .*np.ascontiguousarray"):
+        NpyFile.read_header(str(tmp_path / "f.npy"), "train_arrays()")
+
+
+def test_dataset_source_reads_positions_and_refuses_unknown_cardinality():
+    source = DatasetSource(lambda: tf.data.Dataset.range(10).map(lambda i: ({"x": tf.cast(i, tf.float32)}, i * 2)), "ds")
+    (features, labels) = source.read_local(np.array([3, 9, 0]))
+    np.testing.assert_array_equal(features["x"].numpy(), [3.0, 9.0, 0.0])
+    np.testing.assert_array_equal(labels.numpy(), [6, 18, 0])
+    with pytest.raises(JobError, match="cardinality is unknown"):
+        DatasetSource(lambda: tf.data.Dataset.range(10).filter(lambda i: i > 2), "train_dataset()")
+
+
+class TwoSources:
+    model_fn = loss_fn = optimizer_fn = staticmethod(lambda *a: None)
+    train_data = train_dataset = staticmethod(lambda: None)
+
+
+def test_a_job_gives_exactly_one_training_source():
+    with pytest.raises(JobError, match="only one of train_dataset, train_data"):
+        load_job("tests.test_sources:TwoSources")
+
+
+def test_a_run_dir_is_resumed_only_with_the_same_shuffle():
+    previous = {"train": {"shuffle": "permutation", "seed": 0}}
+    check_compatible(previous, TrainConfig(shuffle="permutation"))
+    with pytest.raises(ConfigError, match="shuffle='permutation', not 'index_shuffle'"):
+        check_compatible(previous, TrainConfig(shuffle="index_shuffle", run_dir="r"))

@@ -1,0 +1,109 @@
+"""Each machine reads the job's files from its own disk: a copy that differs, or is missing, on one
+machine is refused in one line naming the worker and its host, not trained on and not a hang.
+
+Two network namespaces as two hosts (tests/netns.py). Host A runs `pstrain launch` in directory a/,
+host B runs `pstrain node` in directory b/; the job (tests.jobs.data_jobs:relative_npy) names
+`data/x.npy`, which each process resolves against its own working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans
+from tests.jobs.data_jobs import write_relative_npy
+from tests.netns import can_create_namespaces, two_hosts
+
+WHY_NOT = can_create_namespaces()
+pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
+
+CONFIG = """\
+[cluster]
+chief = "{a}:2220"
+control = "{a}:2229"
+ps = ["{a}:2221"]
+workers = ["{a}:2222", "{b}:2222"]
+token_file = "{token}"
+heartbeat_interval = 0.5
+
+[train]
+job = "tests.jobs.data_jobs:relative_npy"
+steps = 40
+global_batch_size = 16
+run_dir = "{run_dir}"
+"""
+
+
+def run_with_b_data(tmp_path: Path, tag: int, b_seed: int | None) -> tuple[int, str]:
+    """Launcher on A (its data from seed 1), node on B (seed `b_seed`, None: no data); returns A's exit and output."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    write_relative_npy(a_dir, seed=1)
+    b_dir.mkdir()
+    if b_seed is not None:
+        write_relative_npy(b_dir, seed=b_seed)
+    token = tmp_path / "token"
+    token.write_text(secrets.token_urlsafe(16) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with two_hosts(tag=tag) as (a, b):
+        config = tmp_path / "cluster.toml"
+        config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, run_dir=tmp_path / "run"))
+        node_argv = ["node", "--chief", f"{a.address}:2229", "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+        out = [open(tmp_path / "launch.out", "w"), open(tmp_path / "node.out", "w")]
+        processes = [
+            subprocess.Popen(host.command(PSTRAIN + argv), cwd=cwd, env=env, stdout=o, stderr=subprocess.STDOUT)
+            for host, argv, cwd, o in ((a, ["launch", "--config", str(config)], a_dir, out[0]), (b, node_argv, b_dir, out[1]))
+        ]
+        seen: set[int] = set()
+        try:
+            deadline = time.monotonic() + 240
+            while processes[0].poll() is None and time.monotonic() < deadline:
+                for p in processes:
+                    try:
+                        seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
+                    except psutil.NoSuchProcess:
+                        pass
+                time.sleep(0.2)
+            processes[1].wait(timeout=60)
+        finally:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for p in alive(seen):
+                p.kill()
+            for o in out:
+                o.close()
+    assert_no_orphans(Result(0, "", seen))
+    return processes[0].returncode, (tmp_path / "launch.out").read_text()
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("pstrain: error:")]
+
+
+def test_different_data_on_one_machine_is_refused_in_one_line(tmp_path):
+    code, output = run_with_b_data(tmp_path, tag=5, b_seed=2)
+    assert code == 2, output
+    [line] = error_lines(output)
+    assert line.startswith("pstrain: error: worker 1 (10.251.5.2:2222): its training data differs from the chief's"), line
+    assert "different content" in line and "Traceback" not in output
+    applied = tmp_path / "run" / "metrics.jsonl"
+    records = [json.loads(r) for r in applied.read_text().splitlines()] if applied.exists() else []
+    assert all(1 not in r.get("workers", []) for r in records), "no gradient from worker 1's data was applied"
+
+
+def test_missing_file_on_one_machine_is_one_line_naming_host_and_path(tmp_path):
+    code, output = run_with_b_data(tmp_path, tag=6, b_seed=None)
+    assert code == 2, output
+    [line] = error_lines(output)
+    assert re.match(r"pstrain: error: worker 1 \(10\.251\.6\.2:2222\): data file data/[xy]\.npy not found;", line), line
+    assert "Traceback" not in output
