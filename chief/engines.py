@@ -103,7 +103,9 @@ class Engine(Protocol):
     construction on, so a checkpoint can be restored into it before `prepare`.
 
     After `step(k)` returns, step k was applied exactly once from `replicas_to_aggregate` gradients
-    (or, with `applied=False`, withheld because its loss was not finite: nothing changed). After it
+    (or, with `applied=False`, withheld because its loss was not finite: no variable changed, but
+    the chosen slots' gradients stay in the accumulators, so the caller must not step past it: it
+    checkpoints and stops). After it
     raises `StepInterrupted`, nothing of step k was applied and the state is that after step k-1, so a
     checkpoint taken then resumes exactly. After any other exception the engine is unusable: the
     caller reports the error and exits, and a restarted chief resumes from the latest checkpoint.
