@@ -33,6 +33,17 @@ def _descendants(process: psutil.Process) -> set[int]:
         return set()
 
 
+def descendant_pids(pids) -> set[int]:
+    """Every running descendant of the processes `pids` (gone ones contribute nothing)."""
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            out |= _descendants(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def alive(pids: set[int]) -> list[psutil.Process]:
     """Processes among `pids` that still run (zombies count as gone: they hold no resources)."""
     out = []

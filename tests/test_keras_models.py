@@ -24,6 +24,8 @@ from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions
 from tests.jobs import keras_models
 from tests.test_bad_input import assert_one_line_error
 
+pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+
 STEPS, BATCH = 20, 32
 COMMON = ["--steps", str(STEPS), "--global-batch-size", str(BATCH)]
 MIXED = "tests.jobs.keras_models:Mixed"

@@ -21,7 +21,7 @@ from cluster.launch.ports import free_port
 from cluster.launch.slurm_node import slurm_config
 from cluster.render.slurm import SRUN, SlurmOptions, render_sbatch
 from cluster.slurm import assigned_gpus, expand_hostlist, expand_tasks_per_node, slurm_node
-from tests.helpers import Result, alive, assert_no_orphans, metrics, predictions, run_pstrain
+from tests.helpers import Result, alive, assert_no_orphans, descendant_pids, metrics, predictions, run_pstrain
 from tests.netns import can_create_namespaces, lan
 
 
@@ -202,11 +202,7 @@ def test_slurm_end_to_end_on_two_namespaces(tmp_path):
                 )
             deadline = time.monotonic() + 300
             while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
-                for p in processes:
-                    try:
-                        seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
-                    except psutil.NoSuchProcess:
-                        pass
+                seen |= descendant_pids(p.pid for p in processes)
                 time.sleep(0.2)
         finally:
             for p in processes:

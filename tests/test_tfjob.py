@@ -16,7 +16,6 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
-import psutil
 import pytest
 import yaml
 
@@ -31,7 +30,7 @@ from cluster.render.tfjob import TFJobOptions, render_tfjob
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config
 from cluster.versions import local_versions
 from tests import tfjob_operator as operator
-from tests.helpers import Result, alive, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
+from tests.helpers import Result, alive, assert_no_orphans, descendant_pids, metrics, predictions, run_pstrain, step_lines
 from tests.netns import can_create_namespaces, lan
 
 CONFIG = """\
@@ -287,10 +286,7 @@ class Kubelet:
         try:
             while time.monotonic() < deadline:
                 for pod, p in list(self.processes.items()):
-                    try:
-                        self.seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
-                    except psutil.NoSuchProcess:
-                        pass
+                    self.seen |= descendant_pids([p.pid])
                     if p.poll() not in (None, 0) and self.restarts.get(pod, 0) < self.max_restarts:
                         self.restarts[pod] = self.restarts.get(pod, 0) + 1
                         rtype = {"chief": "Chief", "ps": "PS", "worker": "Worker"}[pod.split("-")[0]]

@@ -14,11 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
+from tests.helpers import (
+    PSTRAIN,
+    ROOT,
+    Result,
+    alive,
+    assert_no_orphans,
+    descendant_pids,
+    metrics,
+    predictions,
+    run_pstrain,
+    step_lines,
+)
 from tests.netns import can_create_namespaces, set_link, two_hosts
 
 WHY_NOT = can_create_namespaces()
@@ -74,11 +84,7 @@ def run_two_hosts(tmp_path: Path, a, b, steps: int, timeout: float, during=None)
     try:
         deadline = time.monotonic() + 300
         while launcher.poll() is None and time.monotonic() < deadline:
-            for p in processes:
-                try:
-                    seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
-                except psutil.NoSuchProcess:
-                    pass
+            seen |= descendant_pids(p.pid for p in processes)
             if not statuses or statuses[-1].get("state") != "training":
                 # Ask from host B, as an operator on the second machine would.
                 argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token), "--json"]

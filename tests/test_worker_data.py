@@ -20,6 +20,8 @@ from chief.jobs import digits
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines, task_pid
 from tests.jobs.data_jobs import FILE_INPUTS, write_example_files
 
+pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+
 STEPS = 30  # digits: enough to move the model far from its start, short enough for CI
 
 

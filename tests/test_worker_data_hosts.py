@@ -16,15 +16,17 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids
 from tests.jobs.data_jobs import write_relative_npy
 from tests.netns import can_create_namespaces, two_hosts
 
 WHY_NOT = can_create_namespaces()
-pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}"),
+]
 
 CONFIG = """\
 [cluster]
@@ -66,11 +68,7 @@ def run_with_b_data(tmp_path: Path, tag: int, b_seed: int | None) -> tuple[int, 
         try:
             deadline = time.monotonic() + 240
             while processes[0].poll() is None and time.monotonic() < deadline:
-                for p in processes:
-                    try:
-                        seen |= {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
-                    except psutil.NoSuchProcess:
-                        pass
+                seen |= descendant_pids(p.pid for p in processes)
                 time.sleep(0.2)
             processes[1].wait(timeout=60)
         finally:

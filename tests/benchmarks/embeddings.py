@@ -205,16 +205,13 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for the table)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import run_tf1_worker
+    from tests.benchmarks.peers import run_tf1_worker, tf1_server
 
     v1 = tf.compat.v1
-    v1.disable_eager_execution()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    spec, job, index = resolver.cluster_spec(), resolver.task_type, resolver.task_id
-    server = v1.train.Server(spec, job_name=job, task_index=index)
-    if job == "ps":
-        server.join()
+    started = tf1_server()
+    if started is None:
         return
+    server, spec, index = started
     workers = spec.num_tasks("worker")
     ids, labels = data()
     per = batch // workers

@@ -134,13 +134,10 @@ def transfer(size: str, global_batch: int, steps: int) -> None:
 def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
     """The TF1 recipe: replica_device_setter + SyncReplicasOptimizer + MonitoredTrainingSession."""
     v1 = tf.compat.v1
-    v1.disable_eager_execution()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    spec, job, index = resolver.cluster_spec(), resolver.task_type, resolver.task_id
-    server = v1.train.Server(spec, job_name=job, task_index=index)
-    if job == "ps":
-        server.join()
+    started = tf1_server()
+    if started is None:
         return
+    server, spec, index = started
     workers = spec.num_tasks("worker")
     x_np, y_np = batch(global_batch // workers, seed=index)
     with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
@@ -161,6 +158,20 @@ def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
         )
         train_op = opt.minimize(value, global_step=global_step)
     run_tf1_worker(server, index, opt, train_op, {x: x_np, y: y_np}, steps)
+
+
+def tf1_server():
+    """Graph mode and this task's TF1 server from TF_CONFIG; a ps serves until killed (returns None),
+    a worker gets (server, cluster spec, index)."""
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec, job, index = resolver.cluster_spec(), resolver.task_type, resolver.task_id
+    server = v1.train.Server(spec, job_name=job, task_index=index)
+    if job == "ps":
+        server.join()
+        return None
+    return server, spec, index
 
 
 def run_tf1_worker(server, index: int, opt, train_op, feed: dict, steps: int) -> None:
