@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from chief.jobs import JobError, checked_arrays
+from chief.readahead import ReadAhead
 
 Nest = Any
 SAMPLES = 16  # examples digested per fingerprint: first, last and evenly spaced between
@@ -82,7 +83,9 @@ class Source(ABC):
         batch = self.read_local(sample_positions(self.num_examples))
         return Fingerprint(self.num_examples, int(digest(batch).numpy()))
 
-    def dataset_fn(self) -> tf.data.Dataset:
+    reads_ahead = False  # whether `dataset_fn` takes a ReadAhead (a gather from memory needs none)
+
+    def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
         """Per-worker dataset: one element ((cardinality, digest), handle), repeated.
 
         The source is built lazily by the first closure's `next()` (and then cached), so a failure
@@ -97,18 +100,26 @@ class Source(ABC):
 
         return tf.data.Dataset.range(1).map(build).cache().repeat()
 
-    def worker_batch(self, element: Nest, indices: tf.Tensor, expected: Fingerprint) -> Nest:
-        """In the closure: check the worker's fingerprint against the chief's, then read the slot's examples."""
-        (cardinality, found), handle = element
+    def worker_batch(
+        self, element: Nest, indices: tf.Tensor, expected: Fingerprint, tag: tf.Tensor | None = None
+    ) -> tuple[Nest, tf.Tensor]:
+        """In the closure: check the worker's fingerprint against the chief's, then the slot's examples.
+
+        `element` is the per-worker dataset's; with read-ahead (`tag` given, see chief/readahead.py)
+        the batch read ahead is used when it is this closure's. Returns (batch, whether it was).
+        """
+        (cardinality, found), handle = element[0], element[1]
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
         check = tf.debugging.Assert(
             same,
             [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
         )
-        with tf.control_dependencies([check]):
-            indices = tf.identity(indices)
-        return self._read(handle, indices)
+        with tf.control_dependencies([check]):  # no example reaches the model before the check passed
+            if tag is None:
+                return self._read(handle, tf.identity(indices)), tf.constant(False)
+            batch, hit = ReadAhead.take(element[2], tag, lambda: self._read(handle, indices))
+            return tf.nest.map_structure(tf.identity, batch), hit
 
 
 # --- arrays in .npy files -------------------------------------------------------------------------
@@ -250,7 +261,10 @@ class DatasetSource(Source):
     def _read(self, handle, indices):
         return read_positions(handle, indices)
 
-    def dataset_fn(self) -> tf.data.Dataset:
+    reads_ahead = True  # each read opens files: worth doing while the previous step computes
+
+    def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
+        """Per-worker dataset: ((cardinality, digest), the dataset[, (tag, batch) read ahead]) elements."""
         # The dataset itself cannot pass through a map's output, so it rides beside the cached fingerprint.
         dataset = self.make()
         positions = tf.constant(sample_positions(self.num_examples))
@@ -261,7 +275,10 @@ class DatasetSource(Source):
             return cardinality, digest(read_positions(dataset, safe))
 
         checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
-        return tf.data.Dataset.zip((checks, tf.data.Dataset.from_tensors(dataset).repeat()))
+        parts = (checks, tf.data.Dataset.from_tensors(dataset).repeat())
+        if readahead is not None:
+            parts += (readahead.dataset(lambda positions: read_positions(dataset, positions)),)
+        return tf.data.Dataset.zip(parts)
 
 
 # --- the job's choice, and errors from workers ------------------------------------------------------

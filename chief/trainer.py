@@ -145,6 +145,7 @@ class TrainingRun:
                 "seconds": round(seconds, 6),
                 "time": round(time.time(), 3),  # wall clock at the end of the step
                 **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
+                **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
             }
         )
         self.progress.update(step, result.loss, self.train.global_batch_size / max(seconds, 1e-9), result.aggregated)

@@ -57,6 +57,8 @@ def test_png_files_resumed_cluster_run_equals_the_array_job(tmp_path, data_env, 
     assert f"steps 15..{STEPS}" in second.output
     steps, done = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["workers"] for s in steps)
+    # Files are read ahead: most steps' examples were read while the previous step computed (a miss reads anew).
+    assert sum(s["read_ahead"] for s in steps) > 0, [s["read_ahead"] for s in steps]
     assert_same_model(run_dir, array_reference, digits.eval_data()[0])
     assert len(list((Path(data_env["PSTRAIN_DATA_DIR"]) / "digits-png" / "train").glob("*.png"))) == len(digits.train_data()[1])
     assert done["eval_accuracy"] > 0.5
@@ -70,6 +72,7 @@ def test_npy_fast_path_cluster_run_equals_the_array_job(tmp_path, data_env, arra
     result = run_pstrain(args, env=data_env)
     assert result.returncode == 0, result.output
     assert_same_model(run_dir, array_reference, digits.eval_data()[0])
+    assert all("read_ahead" not in s for s in metrics(run_dir)[0]), "a gather from memory is not read ahead"
     assert not (run_dir / "data").exists(), "the job's own files are read; nothing is copied into the run dir"
 
 
