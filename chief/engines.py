@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -224,7 +225,8 @@ class ClusterEngine:
         # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
         self._expected = self.source.fingerprint()
         t = self.train
-        self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if self.source.reads_ahead else None
+        reads_ahead = self.source.reads_ahead and os.environ.get("PSTRAIN_READ_AHEAD", "1") != "0"
+        self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if reads_ahead else None
         dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self._worker_fn = self._build_worker_fn()

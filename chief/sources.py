@@ -154,7 +154,21 @@ class NpyFile:
         return cls(str(path), dtype, tuple(shape), offset)
 
     def load(self) -> tf.Tensor:
-        """TF ops: the whole array, decoded from the file's bytes (one copy; the header is sliced off)."""
+        """TF ops: the whole array, memory-mapped from the file where it can be (native byte order, not
+        bool): no read of the whole file up front; otherwise decoded from the file's bytes."""
+        if self.dtype == np.bool_ or not self.dtype.isnative:
+            return self._decode()
+        itemsize, count = self.dtype.itemsize, int(np.prod(self.shape))
+
+        def int64(*values: int) -> tf.Tensor:  # sizes past 2**31 bytes
+            return tf.constant(values, tf.int64)
+
+        raw = tf.raw_ops.ImmutableConst(dtype=tf.uint8, shape=[self.offset + count * itemsize], memory_region_name=self.path)
+        data = tf.slice(raw, int64(self.offset), int64(count * itemsize))  # the header is 64-byte aligned: a view, no copy
+        values = tf.bitcast(tf.reshape(data, int64(count, itemsize)) if itemsize > 1 else data, tf.as_dtype(self.dtype))
+        return tf.reshape(values, int64(*self.shape))
+
+    def _decode(self) -> tf.Tensor:
         bool_ = self.dtype == np.bool_
         raw_dtype = tf.uint8 if bool_ else tf.as_dtype(self.dtype.newbyteorder("="))
         values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=self.dtype.byteorder != ">")
@@ -291,19 +305,6 @@ def train_source(job, run_dir: Path) -> Source:
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
     return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")
-
-
-def eval_arrays(job) -> tuple[Nest, Nest] | None:
-    """The evaluation set in the chief's memory (evaluation runs on the chief), or None if the job has none."""
-    if job.eval_dataset:
-        batches = list(job.eval_dataset().batch(4096).as_numpy_iterator())
-        data = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches) if batches else None
-        return checked_arrays(job.spec, "eval_dataset", tuple(data) if data else None)
-    if job.eval_arrays:
-        return checked_arrays(job.spec, "eval_arrays", tuple(tf.nest.map_structure(np.load, job.eval_arrays())))
-    if job.eval_data:
-        return checked_arrays(job.spec, "eval_data", job.eval_data())
-    return None
 
 
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
