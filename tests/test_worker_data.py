@@ -62,6 +62,10 @@ def test_png_files_resumed_cluster_run_equals_the_array_job(tmp_path, data_env, 
     assert_same_model(run_dir, array_reference, digits.eval_data()[0])
     assert len(list((Path(data_env["PSTRAIN_DATA_DIR"]) / "digits-png" / "train").glob("*.png"))) == len(digits.train_data()[1])
     assert done["eval_accuracy"] > 0.5
+    # eval_dataset() (PNG files, read in batches) scores the same examples as the array job's eval_data().
+    reference_done = metrics(array_reference)[1]
+    assert done["eval_loss"] == pytest.approx(reference_done["eval_loss"], abs=1e-4)
+    assert done["eval_accuracy"] == pytest.approx(reference_done["eval_accuracy"], abs=1e-9)
     assert_no_orphans(second)
 
 
