@@ -255,7 +255,8 @@ class Supervision:
             budget = f"{child.restarts + 1}/{self.cluster.max_restarts}"
             say(f"{exited}; restarting in {decision.delay_s:g}s ({budget}, see {child.log_path})", error=True)
             self.registry.forget(child.task)
-            time.sleep(decision.delay_s)
+            if self.stop.wait(decision.delay_s):  # a stop during the back-off: no restart, forward it at once
+                return
             self.supervisor.restart(child)
 
     def _check_lost(self) -> None:
