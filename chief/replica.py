@@ -78,8 +78,8 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
 
 def state_variables(variables: Sequence[tf.Variable], positions: tuple[int, ...], shapes: tuple) -> tuple:
     """Among `variables` (a model's non-trainable weights, maybe split into shards across ps tasks), the
-    ones that are the local copy's non-trainable weights at `positions`; `shapes` are the full shapes of
-    all those local weights (both from `inspect_job`). Variables are matched by shard group, not by
+    ones that are the local copy's non-trainable weights at `positions`; `shapes`: the full shape of each
+    local non-trainable weight (both from `inspect_job`). Variables are matched by shard group, not by
     position; a state variable split into shards is refused (JobError, one line)."""
     try:
         groups = shard_groups([v.shape for v in variables], shapes)
@@ -95,8 +95,9 @@ def state_variables(variables: Sequence[tf.Variable], positions: tuple[int, ...]
 
 def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tuple[int, ...], tuple]:
     """Check the job on its first slot's `batch`, on a local copy of the model; returns the positions in
-    `model.non_trainable_weights` of the variables its forward pass assigns, and the shapes of every one of
-    those weights (for `state_variables`). Raises JobError (one line) for a contract the engines cannot keep."""
+    `model.non_trainable_weights` of the variables its forward pass assigns, and the shape of each of
+    `model.non_trainable_weights` (for `state_variables`). Raises JobError (one line) for a contract the
+    engines cannot keep."""
     from chief.export import local_model
 
     model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], batch[0]))
