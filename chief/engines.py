@@ -51,7 +51,7 @@ def training_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
 def replica_of(job: Job, state, found: tuple, train: TrainConfig, sample_features) -> Replica:
     """The per-slot computation over this engine's model (state variables found by `inspect_job`;
     row-sparse variables found by tracing the model on `sample_features`)."""
-    state_vars = state_variables(state.model, *found)
+    state_vars = state_variables(state.model.non_trainable_weights, *found)
     sparse = tuple(sparse_variables(state.model, sample_features))
     return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate, sparse)
 

@@ -83,9 +83,9 @@ class Captured:
         self._delta[id(variable)] = new_delta
         return variable.read_value() + new_delta
 
-    def deltas(self, variables: Sequence[tf.Variable] | None = None) -> list[tf.Tensor]:
-        """One delta per variable (zeros for a variable this pass left alone)."""
-        return [self._delta.get(id(v), tf.zeros(v.shape, v.dtype.base_dtype)) for v in variables or self.variables]
+    def deltas(self) -> list[tf.Tensor]:
+        """One delta per watched variable, in their order (zeros for a variable this pass left alone)."""
+        return [self._delta.get(id(v), tf.zeros(v.shape, v.dtype.base_dtype)) for v in self.variables]
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ so a job that breaks the contract is refused with one line before any step, in b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from chief.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.gradients import replica_gradients
 from chief.jobs import Job, JobError
 from chief.losses import slot_loss
+from chief.sharding import shard_groups
 from cluster.config import TrainConfig
 
 
@@ -74,23 +76,28 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     return loss, replica_gradients(grads, variables, sparse), deltas
 
 
-def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
-    """The model's non-trainable variables at `positions` (found by `inspect_job` on a local copy,
-    with their `shapes`); a state variable sharded across ps tasks is refused."""
-    weights = model.non_trainable_weights
-    found = tuple(weights[i] for i in positions if i < len(weights))
-    if [tuple(v.shape) for v in found] != list(shapes):
+def state_variables(variables: Sequence[tf.Variable], positions: tuple[int, ...], shapes: tuple) -> tuple:
+    """Among `variables` (a model's non-trainable weights, maybe split into shards across ps tasks), the
+    ones that are the local copy's non-trainable weights at `positions`; `shapes`: the full shape of each
+    local non-trainable weight (both from `inspect_job`). Variables are matched by shard group, not by
+    position; a state variable split into shards is refused (JobError, one line)."""
+    try:
+        groups = shard_groups([v.shape for v in variables], shapes)
+    except ValueError as e:
+        raise JobError(f"model_fn: the model's non-trainable variables differ between two builds ({e})") from None
+    if any(len(groups[i]) > 1 for i in positions):
         raise JobError(
             "model_fn: a non-trainable variable that the forward pass assigns is sharded across ps tasks "
             "(too large for one shard); use --ps 1, or keep such state under 256 KiB"
         )
-    return found
+    return tuple(variables[groups[i][0]] for i in positions)
 
 
 def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tuple[int, ...], tuple]:
     """Check the job on its first slot's `batch`, on a local copy of the model; returns the positions in
-    `model.non_trainable_weights` of the variables its forward pass assigns, and their shapes. Raises
-    JobError (one line) for a contract the engines cannot keep."""
+    `model.non_trainable_weights` of the variables its forward pass assigns, and the shape of each of
+    `model.non_trainable_weights` (for `state_variables`). Raises JobError (one line) for a contract the
+    engines cannot keep."""
     from chief.export import local_model
 
     model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], batch[0]))
@@ -124,4 +131,4 @@ def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tu
             f"model_fn: layer {layer!r} makes {kind} ({op}) in its forward pass that pstrain cannot make synchronous; "
             "use Keras's RandomGenerator (self._random_generator) for randomness and variable.assign*() for state"
         )
-    return touched, tuple(tuple(candidates[i].shape) for i in touched)
+    return touched, tuple(tuple(v.shape) for v in candidates)

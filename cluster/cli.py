@@ -178,6 +178,7 @@ def control_call(args: argparse.Namespace) -> int:
 def run_node_command(args: argparse.Namespace) -> int:
     import time
 
+    from cluster.launch.launcher import control_env
     from cluster.launch.node import node_cluster, run_node
 
     if bool(args.config) == bool(args.chief):
@@ -186,7 +187,7 @@ def run_node_command(args: argparse.Namespace) -> int:
     creds = control_credentials(args, config_cluster)
     cluster, tasks = node_cluster(config_cluster, args.chief, creds, args.timeout)
     log_dir = Path(args.log_dir or f"runs/node-{time.strftime('%Y%m%d-%H%M%S')}/logs")
-    return run_node(cluster, tasks, creds, log_dir)
+    return run_node(cluster, tasks, control_env(cluster, creds), log_dir)
 
 
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:

@@ -7,11 +7,13 @@ ones restored on exit, so nesting and tests in one process stay clean.
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType, TracebackType
 
 from cluster.errors import signal_exit_code, signal_name
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+WAIT_SLICE_S = 0.05  # how late `StopTrap.wait` notices a stop at most
 
 
 class StopTrap:
@@ -41,6 +43,17 @@ class StopTrap:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, but return as soon as a stop is requested; returns `requested`.
+
+        Short sleeps, not a threading.Event: the signal handler would have to set the Event, and
+        Event.set deadlocks when the signal interrupts the same thread inside Event.wait's lock.
+        """
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, WAIT_SLICE_S))
+        return self.requested
 
     @property
     def exit_code(self) -> int:

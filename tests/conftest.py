@@ -6,11 +6,27 @@ import socket
 
 import pytest
 
+_given: set[int] = set()  # every port _free_port returned in this session
+
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now and never returned before in this session (OSError when none is left).
+
+    A port already handed out is kept bound while asking again, so the kernel must pick another.
+    """
+    held: list[socket.socket] = []
+    try:
+        while True:
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in _given:
+                _given.add(port)
+                return port
+    finally:
+        for s in held:
+            s.close()
 
 
 @pytest.fixture(scope="session")

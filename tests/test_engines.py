@@ -11,7 +11,7 @@ import pytest
 import tf_keras
 
 from chief.engines import ClusterEngine, LocalEngine
-from chief.jobs import first_rows, load_job, recommender
+from chief.jobs import Job, first_rows, load_job, recommender
 from chief.model_state import initial_weights
 from chief.optimizers import LazyAdam
 from chief.sharding import read_full, shard_groups
@@ -85,6 +85,50 @@ def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster, tmp
     assert all(r.aggregated == 2 and r.applied for r in results)
     assert dropped == 6, "one surplus gradient per step, dropped"
     assert int(cluster.state.global_step.numpy()) == 6
+
+
+FROZEN_ROWS = 20_000  # a 20 000 x 8 float32 table (625 KiB) is split over both ps (chief/sharding.py)
+
+
+def frozen_table_then_batchnorm() -> tf_keras.Model:
+    """A frozen (non-trainable) embedding table before a BatchNormalization: the table's shards come
+    before the moving statistics in the cluster model's non-trainable weights."""
+    ids = tf_keras.Input(shape=(), dtype="int32")
+    table = tf_keras.layers.Embedding(
+        FROZEN_ROWS, 8, tf_keras.initializers.RandomNormal(stddev=1.0), trainable=False, name="frozen_table"
+    )
+    hidden = tf_keras.layers.Dense(16)(table(ids))
+    hidden = tf_keras.layers.BatchNormalization(momentum=0.5)(hidden)  # moves visibly in a few steps
+    return tf_keras.Model(ids, tf_keras.layers.Dense(2)(tf_keras.layers.ReLU()(hidden)))
+
+
+def frozen_table_data() -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(3).integers(0, FROZEN_ROWS, 512).astype(np.int32)
+    return ids, (ids % 2).astype(np.int32)
+
+
+@pytest.mark.cluster
+def test_batchnorm_after_a_sharded_frozen_table_trains_as_standalone(in_process_cluster, tmp_path):
+    """The moving statistics are found by shard group, not by position among the shards."""
+    job = Job(
+        "frozen_table",
+        frozen_table_then_batchnorm,
+        tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        lambda: tf_keras.optimizers.legacy.SGD(0.1),
+        frozen_table_data,
+        None,
+    )
+    train = TrainConfig(job="frozen_table", steps=4, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
+    cluster, local, results = run_both(in_process_cluster, job, 4, train, tmp_path)
+    assert any("frozen_table" in v.name and "/part_1" in v.name for v in cluster.state.model.non_trainable_weights)
+    captured = [v.name.split(":")[0].rsplit("/", 1)[-1] for v in cluster.replica.state_variables]
+    assert captured == ["moving_mean", "moving_variance"]
+    np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-4)
+    reference = local.state.model.get_weights()
+    bn = local.state.model.layers[3]
+    assert np.abs(bn.moving_mean.numpy()).max() > 0.05 and np.abs(bn.moving_variance.numpy() - 1).max() > 0.05, "state moved"
+    for got, want in zip(full_weights(cluster, reference), reference, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_lazy_adam_moves_only_touched_rows():

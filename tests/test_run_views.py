@@ -3,10 +3,12 @@ TensorBoard event files, `pstrain plot`, and the quiet console."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
 import select
+import statistics
 import struct
 import subprocess
 import time
@@ -138,9 +140,10 @@ def test_plot_of_a_missing_run_is_one_line(tmp_path):
 
 
 @pytest.mark.cluster
-def test_gpu_check_reads_where_each_worker_computed(short_run):
+def test_gpu_check_reads_where_each_worker_computed(short_run, tmp_path):
     """The placement log of a real run: on this CPU-only machine every worker computed on its CPU,
-    and deploy/gpu_check.sh's report says so (and fails) rather than claim a GPU."""
+    and deploy/gpu_check.sh's report says so (and fails) rather than claim a GPU. Its throughput line
+    sets the run against a one-process run, here one written with known step times."""
     from cluster.doctor.gpu_check import placements, report
 
     run_dir, _ = short_run
@@ -148,9 +151,22 @@ def test_gpu_check_reads_where_each_worker_computed(short_run):
         devices = placements((run_dir / "logs" / f"worker-{index}.log").read_text())
         assert set(devices) == {index}
         assert list(devices[index]) == [f"/job:worker/replica:0/task:{index}/device:CPU:0"] and devices[index].total() >= 4
-    lines, on_gpu = report(run_dir, run_dir, workers=2)
+    # 64 examples a step; the first 3 steps (tracing) are slow and left out, the median of the rest is 0.5 s.
+    one_process = tmp_path / "one_process"
+    one_process.mkdir()
+    (one_process / "cluster.json").write_text(json.dumps({"train": {"global_batch_size": 64}}))
+    seconds = [5.0, 5.0, 5.0, 0.5, 0.25, 0.5, 1.0]
+    (one_process / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": k, "seconds": s}) + "\n" for k, s in enumerate(seconds))
+    )
+    batch = json.loads((run_dir / "cluster.json").read_text())["train"]["global_batch_size"]
+    pstrain = batch / statistics.median(step["seconds"] for step in metrics(run_dir)[0][3:])
+    lines, on_gpu = report(run_dir, one_process, workers=2)
     assert not on_gpu
-    assert lines[0].startswith("worker-0: compute ops placed on /job:worker/replica:0/task:0/device:CPU:0 (") and lines[
-        0
-    ].endswith("<- not a GPU")
-    assert lines[2].startswith("throughput: pstrain ") and lines[2].endswith("pstrain / one process = 1.00x")
+    for index in (0, 1):
+        cpu = f"/job:worker/replica:0/task:{index}/device:CPU:0"
+        assert re.fullmatch(rf"worker-{index}: compute ops placed on {cpu} \(\d+ ops\)  <- not a GPU", lines[index]), lines
+    assert lines[2] == (
+        f"throughput: pstrain {pstrain:,.0f} examples/s (2 workers), one process 128 examples/s, "
+        f"pstrain / one process = {pstrain / 128:.2f}x"
+    )

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from chief.jobs import JobError
+from chief.replica import state_variables
 from chief.sharding import assign_full, assign_weights, read_full, shard_groups
 
 
@@ -48,3 +50,25 @@ def test_assign_weights_spreads_full_weights_over_shards():
     variables = [tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros((2,)))]
     assign_weights(variables, weights)
     assert [v.numpy().tolist() for v in variables] == [[[1, 1]] * 3, [[1, 1]] * 3, [7, 7]]
+
+
+def test_state_variables_are_found_by_shard_group_not_by_position():
+    """A frozen table split in two before a (2, 2) statistic: position 1 of the local copy is the
+    statistic, while position 1 among the shards is the table's second shard, of the same shape."""
+    part_0, part_1, statistic = tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.ones((2, 2)))
+    assert state_variables([part_0, part_1, statistic], (1,), [(4, 2), (2, 2)]) == (statistic,)
+    assert state_variables([part_0, part_1, statistic], (), [(4, 2), (2, 2)]) == ()
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        ([(4, 2), (2, 2)], "is sharded across ps tasks"),  # the assigned variable is the split one
+        ([(4, 2)], "differ between two builds"),  # the local copy has other variables
+    ],
+)
+def test_state_variables_refuse_split_or_unmatched_state(shapes, message):
+    variables = [tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros((2, 2)))]
+    with pytest.raises(JobError, match=message) as error:
+        state_variables(variables, (0,), shapes)
+    assert "\n" not in str(error.value)

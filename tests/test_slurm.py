@@ -17,6 +17,7 @@ import pytest
 
 from chief.jobs import digits
 from cluster.config import ConfigError, resolve
+from cluster.launch.launcher import shared_control_env
 from cluster.launch.ports import free_port
 from cluster.launch.slurm_node import slurm_config
 from cluster.render.slurm import SRUN, SlurmOptions, render_sbatch
@@ -120,6 +121,27 @@ def test_inconsistent_slurm_variables_are_refused(env, message):
 def test_ports_must_fit():
     with pytest.raises(ConfigError, match="--port-base: 65533 puts the ports at 65533-65537; give a base from 1024 to 65531"):
         slurm_node(env_for(0), resolve({}).cluster, port_base=65533)
+
+
+@pytest.mark.parametrize(
+    "tls, ca",
+    [
+        ({"tls_cert": "/pki/chief.pem", "tls_key": "/pki/chief.key", "tls_ca": "/pki/ca.pem"}, "/pki/ca.pem"),
+        ({"tls_cert": "/pki/chief.pem", "tls_key": "/pki/chief.key"}, "/pki/chief.pem"),  # self-signed: trust the cert
+    ],
+)
+def test_a_second_nodes_tasks_get_the_token_and_tls_ca_of_the_control_plane(tmp_path, tls, ca):
+    (tmp_path / "token").write_text("s3cret\n")
+    raw = {"cluster": {"ps": 1, "workers": 2, "token_file": str(tmp_path / "token"), **tls}, "train": {"run_dir": "/shared"}}
+    config, _, runs_chief = slurm_config(raw, env_for(1))
+    assert not runs_chief
+    assert shared_control_env(config.cluster) == {
+        "PSTRAIN_CONTROL": "node9:2223",
+        "PSTRAIN_HEARTBEAT_INTERVAL": "2.0",
+        "PSTRAIN_HEARTBEAT_TIMEOUT": "10.0",
+        "PSTRAIN_TOKEN": "s3cret",
+        "PSTRAIN_TLS_CA": ca,
+    }
 
 
 def test_rendered_sbatch_script(tmp_path):

@@ -25,6 +25,7 @@ from cluster.control.agent import Agent
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve
+from cluster.launch.launcher import shared_control_env
 from cluster.launch.ports import free_port
 from cluster.render.tfjob import TFJobOptions, render_tfjob
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config
@@ -186,6 +187,20 @@ def test_tf_config_translation_aliases_and_errors():
         with pytest.raises(ConfigError, match=message) as e:
             parse_tf_config(raw)
         assert "\n" not in str(e.value)
+
+
+def test_a_pods_task_gets_the_token_and_tls_ca_of_the_control_plane(tmp_path):
+    (tmp_path / "token").write_text("s3cret\n")
+    tls = {"tls_cert": "/pki/chief.pem", "tls_key": "/pki/chief.key", "tls_ca": "/pki/ca.pem"}
+    spec = {"chief": ["demo-chief-0:2222"], "ps": ["demo-ps-0:2222"], "worker": ["demo-worker-0:2222"]}
+    config = config_for_tf_config({"cluster": {"token_file": str(tmp_path / "token"), **tls}}, spec, "demo-chief-0:2229")
+    assert shared_control_env(config.cluster) == {
+        "PSTRAIN_CONTROL": "demo-chief-0:2229",
+        "PSTRAIN_HEARTBEAT_INTERVAL": "2.0",
+        "PSTRAIN_HEARTBEAT_TIMEOUT": "10.0",
+        "PSTRAIN_TOKEN": "s3cret",
+        "PSTRAIN_TLS_CA": "/pki/ca.pem",
+    }
 
 
 def test_task_without_token_fails_in_one_line(tmp_path):

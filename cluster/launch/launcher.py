@@ -47,6 +47,12 @@ def control_env(cluster: ClusterConfig, creds: Credentials) -> dict[str, str]:
     }
 
 
+def shared_control_env(cluster: ClusterConfig) -> dict[str, str]:
+    """`control_env` for tasks started away from the launcher (a Slurm node, a TFJob pod): the cluster's
+    shared token (token_file or $PSTRAIN_TOKEN; none is generated) and its TLS CA."""
+    return control_env(cluster, credentials(cluster, generate=False))
+
+
 def expected_tasks(cluster: ClusterConfig) -> dict[TaskId, str]:
     spec = cluster_spec(cluster)
     return {TaskId(kind, i): address for kind, addresses in spec.items() for i, address in enumerate(addresses)}
@@ -249,7 +255,8 @@ class Supervision:
             budget = f"{child.restarts + 1}/{self.cluster.max_restarts}"
             say(f"{exited}; restarting in {decision.delay_s:g}s ({budget}, see {child.log_path})", error=True)
             self.registry.forget(child.task)
-            time.sleep(decision.delay_s)
+            if self.stop.wait(decision.delay_s):  # a stop during the back-off: no restart, forward it at once
+                return
             self.supervisor.restart(child)
 
     def _check_lost(self) -> None:

@@ -20,7 +20,6 @@ from cluster.control.security import Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
 from cluster.errors import returncode_exit_code
 from cluster.launch.hosts import local_addresses
-from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module
 from cluster.plan import plan_task
 from cluster.stop import StopTrap
@@ -65,13 +64,13 @@ def cluster_from_assignment(control: str, creds: Credentials, local: frozenset[s
     return cluster, [(t.type, t.index) for t in reply.tasks]
 
 
-def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], creds: Credentials, log_dir: Path) -> int:
-    """Run `tasks` until they all exit (0, or the first non-zero code) or a stop signal (128+N)."""
+def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], env: dict[str, str], log_dir: Path) -> int:
+    """Run `tasks` with the control plane's `env` (launcher.control_env) until they all exit (0, or the
+    first non-zero code) or a stop signal (128+N)."""
     if not tasks:
         raise ConfigError("cluster: no task of this cluster is assigned to this machine; check the hosts in the config")
     log_dir.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(log_dir)
-    env = control_env(cluster, creds)
     with StopTrap() as stop:
         try:
             children = [

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 from cluster.config import ConfigError, load_toml
-from cluster.control.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
-from cluster.control.security import TOKEN_ENV, load_token
+from cluster.control.agent import CONTROL_ENV
+from cluster.launch.launcher import launch, shared_control_env
 from cluster.plan import COMMON_ENV
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config, task_tf_config
 
@@ -26,26 +26,16 @@ def run_task(config_path: str, control_port: int = DEFAULT_CONTROL_PORT) -> int:
     spec, task_type, index = parse_tf_config(os.environ.get("TF_CONFIG"))
     control = os.environ.get(CONTROL_ENV) or control_address(spec, control_port)
     config = config_for_tf_config(raw, spec, control)
-    token = load_token(config.cluster.token_file)  # every pod needs the shared one: none is generated
+    env = shared_control_env(config.cluster)  # every pod needs the shared token (none is generated) and TLS CA
     for name, value in COMMON_ENV.items():
         os.environ.setdefault(name, value)
     if task_type == "chief":
-        from cluster.launch.launcher import launch
-
         if not config.train.run_dir:
             raise ConfigError(f"train.run_dir: {config_path or 'the config'} sets none; give the chief a run dir on its volume")
         Path(config.train.run_dir).mkdir(parents=True, exist_ok=True)
         return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}")
     from worker.server import serve
 
-    os.environ.update(
-        {
-            "TF_CONFIG": task_tf_config(spec, task_type, index),
-            CONTROL_ENV: control,
-            INTERVAL_ENV: str(config.cluster.heartbeat_interval),
-            TIMEOUT_ENV: str(config.cluster.heartbeat_timeout),
-        }
-    )
-    os.environ[TOKEN_ENV] = token
+    os.environ.update({"TF_CONFIG": task_tf_config(spec, task_type, index), **env})
     os.environ.setdefault("PSTRAIN_REGISTER_TIMEOUT", str(config.train.startup_timeout))
     return serve()
