@@ -31,7 +31,7 @@ def placements(log_text: str) -> dict[int, Counter]:
 def examples_per_second(run_dir: Path, skip: int = 3) -> float:
     """Global batch / median step time, first `skip` steps (tracing) excluded."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    seconds = [r["seconds"] for r in lines if "step" in r and r["step"] >= skip]
+    seconds = [r["seconds"] for r in lines if "event" not in r and r.get("step", -1) >= skip]  # step lines, not eval lines
     batch = json.loads((run_dir / "cluster.json").read_text())["train"]["global_batch_size"]
     return batch / statistics.median(seconds)
 
