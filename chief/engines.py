@@ -6,8 +6,10 @@ gradients, so a cluster run and a standalone run end with the same model.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -22,6 +24,7 @@ from chief.data import slot_indices
 from chief.gradients import mean_of_slots, sparse_variables
 from chief.jobs import Job
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
+from chief.readahead import ReadAhead, request_tag, schedule_order
 from chief.replica import Replica, inspect_job, replica_step, state_variables
 from chief.sharding import partitioner
 from chief.sources import Source, explain_worker_error
@@ -93,6 +96,7 @@ class StepResult:
     workers: list[int] = field(default_factory=list)  # workers whose gradients were applied
     timing: dict[str, float] = field(default_factory=dict)  # seconds per phase of the step
     applied: bool = True  # False when the loss was not finite: the update was withheld
+    read_ahead: int | None = None  # applied gradients whose examples were read ahead (None: no read-ahead)
 
 
 class Engine(Protocol):
@@ -203,6 +207,7 @@ class ClusterEngine:
         self.sparse = list(self.replica.sparse)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
+        self._finished: list[int] = []  # the last step's slots in the order their closures finished
 
     def prepare(self, start_step: int) -> None:
         """Accumulators, the per-worker data and the traced functions, for a run starting at `start_step`."""
@@ -219,18 +224,28 @@ class ClusterEngine:
         )
         # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
         self._expected = self.source.fingerprint()
-        self._iterator = iter(self.coordinator.create_per_worker_dataset(self.source.dataset_fn))
+        t = self.train
+        reads_ahead = self.source.reads_ahead and os.environ.get("PSTRAIN_READ_AHEAD", "1") != "0"
+        self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if reads_ahead else None
+        dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
+        self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
 
     def _build_worker_fn(self):
         global_step, aggregator, replica = self.state.global_step, self.aggregator, self.replica
-        strategy, source, expected = self.strategy, self.source, self._expected
+        strategy, source, expected, readahead = self.strategy, self.source, self._expected, self._readahead
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
-        def worker_fn(iterator, step, slot, indices):
-            batch = source.worker_batch(next(iterator), indices, expected)
+        def worker_fn(iterator, step, slot, indices, next_indices):
+            if readahead is None:
+                batch, hit = source.worker_batch(next(iterator), indices, expected)
+            else:  # ask for the next step's examples first: the pipeline then never waits on this closure
+                tag = request_tag(step, slot, readahead.total_slots)
+                with tf.control_dependencies([readahead.request(tag + readahead.total_slots, next_indices)]):
+                    element = next(iterator)
+                batch, hit = source.worker_batch(element, indices, expected, tag)
 
             def replica_fn(batch):
                 def compute():
@@ -250,7 +265,7 @@ class ClusterEngine:
             loss, computed = strategy.run(replica_fn, args=(batch,))
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             # One packed result: each output of a closure costs the chief its own fetch RPC.
-            return tf.stack([tf.cast(worker, tf.float32), loss, tf.cast(computed, tf.float32)])
+            return tf.stack([tf.cast(worker, tf.float32), loss, tf.cast(computed, tf.float32), tf.cast(hit, tf.float32)])
 
         return worker_fn
 
@@ -277,23 +292,29 @@ class ClusterEngine:
         t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
         pending: dict[futures.Future, int] = {}
-        for slot in range(t.total_num_replicas):
-            # A tensor made here, not a NumPy array: converting inside the closure would copy it to the
+        num = self.source.num_examples
+        for slot in schedule_order(self._finished, t.total_num_replicas):
+            # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_positions(t, self.source.num_examples, step, slot))
-            remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices))
+            indices = tf.constant(slot_positions(t, num, step, slot))
+            # The next step's positions for this slot, which the worker reads ahead (sources that read files).
+            ahead = tf.constant(slot_positions(t, num, step + 1, slot)) if self._readahead else indices
+            remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices, ahead))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         chosen: dict[int, tuple[int, float]] = {}
+        self._finished, hits = [], 0
         t_first = t1
         waiting = set(pending)
         while waiting and len(chosen) < t.replicas_to_aggregate:
             # Short waits so a stop request is honoured even while a worker stalls the step.
             done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
             for future in done:
-                worker, loss, computed = future.result()
+                worker, loss, computed, hit = future.result()
+                self._finished.append(pending[future])
                 if computed == 1.0 and len(chosen) < t.replicas_to_aggregate:
                     chosen[pending[future]] = (int(worker), float(loss))
+                    hits += int(hit)
                     if len(chosen) == 1:
                         t_first = time.perf_counter()
             if len(chosen) < t.replicas_to_aggregate and interrupted():
@@ -315,6 +336,7 @@ class ClusterEngine:
             aggregated=len(chosen),
             stale_dropped=self._collect_late(),
             workers=sorted({worker for worker, _ in chosen.values()}),
+            read_ahead=hits if self._readahead else None,
             # first_gradient: pull, compute and push of the fastest replica; wait_for_n: the rest of the N.
             timing={"schedule": t1 - t0, "first_gradient": t_first - t1, "wait_for_n": t2 - t_first, "apply": t3 - t2},
         )

@@ -1,8 +1,9 @@
 """`pstrain evaluate RUN_DIR`: a sidecar evaluator that follows a run's checkpoints, as TF's SidecarEvaluator does.
 
 Each checkpoint that appears is restored into a local copy of the job's model and evaluated on the
-job's eval_data(); one line per checkpoint goes to RUN_DIR/eval.jsonl. It stops once the run's
-"done" line is in metrics.jsonl and the last checkpoint is evaluated, or after `timeout_s`.
+job's eval set (chief/eval_set.py), read in batches from this machine's copy; one line per checkpoint
+goes to RUN_DIR/eval.jsonl. It stops once the run's "done" line is in metrics.jsonl and the last
+checkpoint is evaluated, or after `timeout_s`.
 Nothing is written to the run's own files; checkpoints are only read.
 """
 
@@ -13,10 +14,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
+from chief.eval_set import eval_set
 from chief.export import evaluate
-from chief.jobs import checked_arrays, first_rows, load_job
+from chief.jobs import checked_arrays, load_job, rows
+from chief.sources import train_source
 from cluster.errors import TrainingError
 from cluster.rundir import load_train
 
@@ -48,8 +52,15 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
         time.sleep(poll_s)
     train = load_train(run_dir)
     job = load_job(train.job)
-    data = checked_arrays(job.spec, "eval_data", job.eval_data() if job.eval_data else job.train_data())
-    sample = first_rows(data[0])
+
+    def first_training_examples(n: int):  # the eval set of a job without one
+        if job.train_data:
+            return rows(checked_arrays(job.spec, "train_data", job.train_data()), slice(0, n))
+        source = train_source(job, run_dir / "data")  # only train_data() arrays would be written there
+        return source.read_local(np.arange(min(source.num_examples, n)))
+
+    data = eval_set(job, first_training_examples)
+    sample = tf.nest.map_structure(np.asarray, next(data.batches(1))[0])
     model = job.model_fn()
     model(sample, training=False)
     checkpoint = tf.train.Checkpoint(model=model)

@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
-from chief.jobs import Job, rows
+from chief.eval_set import EvalSet
+from chief.jobs import Job, JobError
 
 
 def local_model(job: Job, weights, sample: Any):
@@ -19,34 +21,41 @@ def local_model(job: Job, weights, sample: Any):
     return model
 
 
-def predict(model, features: Any, batch: int = 1024) -> Any:
-    """The model's outputs on every row of a features nest, in batches."""
-    n = len(tf.nest.flatten(features)[0])
-    parts = [model(rows(features, slice(i, i + batch)), training=False) for i in range(0, n, batch)]
-    return tf.nest.map_structure(lambda *p: np.concatenate([np.asarray(x, dtype=np.float32) for x in p]), *parts)
-
-
-def evaluate(job: Job, model, data: tuple, batch: int = 1024) -> dict[str, float]:
+def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
     """eval_loss (Keras's weighted mean, plus the model's own losses), eval_accuracy for a single
-    classifier output without metrics_fn, and `eval_<name>` for every metric of `metrics_fn()`."""
+    classifier output without metrics_fn, and `eval_<name>` for every metric of `metrics_fn()`.
+
+    The set is read `batch` examples at a time: memory does not grow with it. The loss is combined
+    over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM).
+    """
     from chief.losses import slot_loss
 
-    features, labels = data[0], data[1]
-    weights = data[2] if len(data) > 2 else None
-    predictions = predict(model, features, batch)
-    loss = slot_loss(job.loss_fn, labels, predictions, weights, num_slots=1)
+    summed = isinstance(job.loss_fn, tf_keras.losses.Loss) and job.loss_fn.reduction == tf_keras.losses.Reduction.SUM
+    metrics = list(job.metrics_fn()) if job.metrics_fn else []
+    loss, examples, correct, classifier = 0.0, 0, 0, not metrics
+    for part in data.batches(batch):
+        features, labels = part[0], part[1]
+        weights = part[2] if len(part) > 2 else None
+        predictions = model(features, training=False)
+        n = len(tf.nest.flatten(labels)[0])
+        value = float(slot_loss(job.loss_fn, labels, predictions, weights, num_slots=1))
+        loss += value if summed else value * n
+        examples += n
+        for metric in metrics:
+            metric.update_state(labels, predictions, sample_weight=weights)
+        if classifier and tf.is_tensor(predictions) and predictions.shape.rank == 2 and np.asarray(labels).dtype.kind in "iu":
+            correct += int(np.sum(np.argmax(predictions, axis=1) == np.asarray(labels).reshape(-1)))
+        else:
+            classifier = False
+    if not examples:
+        raise JobError(f"{data.what} is empty; give at least one example to evaluate on")
+    result = {"eval_loss": (loss if summed else loss / examples)}
     if model.losses:
-        loss += tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
-    result = {"eval_loss": float(loss)}
-    if job.metrics_fn:
-        for metric in job.metrics_fn():
-            for start in range(0, len(tf.nest.flatten(labels)[0]), batch):
-                part = slice(start, start + batch)
-                weight = None if weights is None else rows(weights, part)
-                metric.update_state(rows(labels, part), rows(predictions, part), sample_weight=weight)
-            result[f"eval_{metric.name}"] = float(metric.result())
-    elif isinstance(predictions, np.ndarray) and predictions.ndim == 2 and np.issubdtype(np.asarray(labels).dtype, np.integer):
-        result["eval_accuracy"] = float(np.mean(np.argmax(predictions, axis=1) == np.asarray(labels).reshape(-1)))
+        result["eval_loss"] += float(tf.add_n([tf.cast(x, tf.float32) for x in model.losses]))
+    for metric in metrics:
+        result[f"eval_{metric.name}"] = float(metric.result())
+    if classifier:
+        result["eval_accuracy"] = correct / examples
     return result
 
 

@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from chief.jobs import JobError, checked_arrays
+from chief.readahead import ReadAhead
 
 Nest = Any
 SAMPLES = 16  # examples digested per fingerprint: first, last and evenly spaced between
@@ -82,7 +83,9 @@ class Source(ABC):
         batch = self.read_local(sample_positions(self.num_examples))
         return Fingerprint(self.num_examples, int(digest(batch).numpy()))
 
-    def dataset_fn(self) -> tf.data.Dataset:
+    reads_ahead = False  # whether `dataset_fn` takes a ReadAhead (a gather from memory needs none)
+
+    def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
         """Per-worker dataset: one element ((cardinality, digest), handle), repeated.
 
         The source is built lazily by the first closure's `next()` (and then cached), so a failure
@@ -97,18 +100,26 @@ class Source(ABC):
 
         return tf.data.Dataset.range(1).map(build).cache().repeat()
 
-    def worker_batch(self, element: Nest, indices: tf.Tensor, expected: Fingerprint) -> Nest:
-        """In the closure: check the worker's fingerprint against the chief's, then read the slot's examples."""
-        (cardinality, found), handle = element
+    def worker_batch(
+        self, element: Nest, indices: tf.Tensor, expected: Fingerprint, tag: tf.Tensor | None = None
+    ) -> tuple[Nest, tf.Tensor]:
+        """In the closure: check the worker's fingerprint against the chief's, then the slot's examples.
+
+        `element` is the per-worker dataset's; with read-ahead (`tag` given, see chief/readahead.py)
+        the batch read ahead is used when it is this closure's. Returns (batch, whether it was).
+        """
+        (cardinality, found), handle = element[0], element[1]
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
         check = tf.debugging.Assert(
             same,
             [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
         )
-        with tf.control_dependencies([check]):
-            indices = tf.identity(indices)
-        return self._read(handle, indices)
+        with tf.control_dependencies([check]):  # no example reaches the model before the check passed
+            if tag is None:
+                return self._read(handle, tf.identity(indices)), tf.constant(False)
+            batch, hit = ReadAhead.take(element[2], tag, lambda: self._read(handle, indices))
+            return tf.nest.map_structure(tf.identity, batch), hit
 
 
 # --- arrays in .npy files -------------------------------------------------------------------------
@@ -143,7 +154,21 @@ class NpyFile:
         return cls(str(path), dtype, tuple(shape), offset)
 
     def load(self) -> tf.Tensor:
-        """TF ops: the whole array, decoded from the file's bytes (one copy; the header is sliced off)."""
+        """TF ops: the whole array, memory-mapped from the file where it can be (native byte order, not
+        bool): no read of the whole file up front; otherwise decoded from the file's bytes."""
+        if self.dtype == np.bool_ or not self.dtype.isnative:
+            return self._decode()
+        itemsize, count = self.dtype.itemsize, int(np.prod(self.shape))
+
+        def int64(*values: int) -> tf.Tensor:  # sizes past 2**31 bytes
+            return tf.constant(values, tf.int64)
+
+        raw = tf.raw_ops.ImmutableConst(dtype=tf.uint8, shape=[self.offset + count * itemsize], memory_region_name=self.path)
+        data = tf.slice(raw, int64(self.offset), int64(count * itemsize))  # the header is 64-byte aligned: a view, no copy
+        values = tf.bitcast(tf.reshape(data, int64(count, itemsize)) if itemsize > 1 else data, tf.as_dtype(self.dtype))
+        return tf.reshape(values, int64(*self.shape))
+
+    def _decode(self) -> tf.Tensor:
         bool_ = self.dtype == np.bool_
         raw_dtype = tf.uint8 if bool_ else tf.as_dtype(self.dtype.newbyteorder("="))
         values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=self.dtype.byteorder != ">")
@@ -250,7 +275,10 @@ class DatasetSource(Source):
     def _read(self, handle, indices):
         return read_positions(handle, indices)
 
-    def dataset_fn(self) -> tf.data.Dataset:
+    reads_ahead = True  # each read opens files: worth doing while the previous step computes
+
+    def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
+        """Per-worker dataset: ((cardinality, digest), the dataset[, (tag, batch) read ahead]) elements."""
         # The dataset itself cannot pass through a map's output, so it rides beside the cached fingerprint.
         dataset = self.make()
         positions = tf.constant(sample_positions(self.num_examples))
@@ -261,7 +289,10 @@ class DatasetSource(Source):
             return cardinality, digest(read_positions(dataset, safe))
 
         checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
-        return tf.data.Dataset.zip((checks, tf.data.Dataset.from_tensors(dataset).repeat()))
+        parts = (checks, tf.data.Dataset.from_tensors(dataset).repeat())
+        if readahead is not None:
+            parts += (readahead.dataset(lambda positions: read_positions(dataset, positions)),)
+        return tf.data.Dataset.zip(parts)
 
 
 # --- the job's choice, and errors from workers ------------------------------------------------------
@@ -274,19 +305,6 @@ def train_source(job, run_dir: Path) -> Source:
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
     return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")
-
-
-def eval_arrays(job) -> tuple[Nest, Nest] | None:
-    """The evaluation set in the chief's memory (evaluation runs on the chief), or None if the job has none."""
-    if job.eval_dataset:
-        batches = list(job.eval_dataset().batch(4096).as_numpy_iterator())
-        data = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches) if batches else None
-        return checked_arrays(job.spec, "eval_dataset", tuple(data) if data else None)
-    if job.eval_arrays:
-        return checked_arrays(job.spec, "eval_arrays", tuple(tf.nest.map_structure(np.load, job.eval_arrays())))
-    if job.eval_data:
-        return checked_arrays(job.spec, "eval_data", job.eval_data())
-    return None
 
 
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")

@@ -26,12 +26,13 @@ import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
+from chief.eval_set import EvalSet, eval_set
 from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import Job, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.model_state import initial_weights
 from chief.sharding import placement_summary
-from chief.sources import eval_arrays, explain_worker_error, train_source
+from chief.sources import explain_worker_error, train_source
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError, TrainingError
@@ -68,7 +69,7 @@ class TrainingRun:
     metrics: MetricsLog
     progress: Progress
     agent: Agent | None
-    eval_set: tuple  # (features, labels[, sample_weights]), each an array or a nest of arrays
+    eval_set: EvalSet  # read in batches from this machine's copy (chief/eval_set.py)
     sample: object  # the first training example's features: how a local model is built
     first_step: int
     started: float = field(default_factory=time.monotonic)
@@ -80,9 +81,7 @@ class TrainingRun:
         """Load the job, build the engine from the seed's initial weights, restore the latest checkpoint."""
         job = load_job(train.job)
         source = train_source(job, run_dir)  # built again on each worker from its own files
-        eval_set = eval_arrays(job) or tuple(  # no eval set: the first (up to) 8,192 training examples
-            tf.nest.map_structure(np.asarray, source.read_local(np.arange(min(source.num_examples, 8192))))
-        )
+        evaluation = eval_set(job, lambda n: source.read_local(np.arange(min(source.num_examples, n))))
         sample = tf.nest.map_structure(np.asarray, source.read_local(np.zeros(1, np.int64))[0])
         weights = initial_weights(job, train.seed, sample)
         engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, weights, sample)
@@ -109,7 +108,7 @@ class TrainingRun:
             ),
             progress,
             agent,
-            eval_set,
+            evaluation,
             sample,
             first,
         )
@@ -145,6 +144,7 @@ class TrainingRun:
                 "seconds": round(seconds, 6),
                 "time": round(time.time(), 3),  # wall clock at the end of the step
                 **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
+                **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
             }
         )
         self.progress.update(step, result.loss, self.train.global_batch_size / max(seconds, 1e-9), result.aggregated)

@@ -144,3 +144,18 @@ def task_pid(root_pid: int, task_type: str, index: int) -> int | None:
 def step_lines(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def kill_task_when(run_dir: Path, task_type: str, index: int, after_steps: int, killed: list):
+    """A `run_pstrain` signal_when callback: SIGKILL one task once `after_steps` steps are logged."""
+
+    def act() -> bool:
+        if killed or step_lines(run_dir) < after_steps:
+            return False
+        pid = task_pid(current_launcher, task_type, index)
+        if pid:
+            psutil.Process(pid).kill()
+            killed.append(pid)
+        return bool(killed)
+
+    return act

@@ -50,5 +50,8 @@ def test_benchmark_data_section_runs_every_source(tmp_path):
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["data"]
-    assert len(runs) == 4 and all(r[0]["step_s"] > 0 and r[0]["startup_s"] > 0 for r in runs.values())
+    assert len(runs) == 5 and all(r[0]["step_s"] > 0 and r[0]["startup_s"] > 0 for r in runs.values())
+    # (d) reads its files ahead, (e) is the same with read-ahead off; the arrays are not read ahead.
+    ahead = {name[0]: r[0].get("read_ahead") for name, r in runs.items()}
+    assert ahead["d"] is not None and 0 <= ahead["d"] <= 1 and ahead["e"] is None and ahead["a"] is None
     assert "| (c) large .npy on the workers (train_arrays) |" in result.stdout

@@ -11,12 +11,10 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 from chief.jobs import digits
-from tests import helpers
-from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines, task_pid
+from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain
 
 pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
 
@@ -42,21 +40,6 @@ def references(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(references) -> np.ndarray:
     return references(STEPS)
-
-
-def kill_task_when(run_dir: Path, task_type: str, index: int, after_steps: int, killed: list):
-    """A signal_when callback: SIGKILL one task once `after_steps` steps are logged."""
-
-    def act() -> bool:
-        if killed or step_lines(run_dir) < after_steps:
-            return False
-        pid = task_pid(helpers.current_launcher, task_type, index)
-        if pid:
-            psutil.Process(pid).kill()
-            killed.append(pid)
-        return bool(killed)
-
-    return act
 
 
 def assert_same_model(run_dir: Path, reference: np.ndarray, steps: int = STEPS) -> None:

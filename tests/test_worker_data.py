@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines, task_pid
+from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain, step_lines, task_pid
 from tests.jobs.data_jobs import FILE_INPUTS, write_example_files
 
 pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
@@ -57,9 +57,15 @@ def test_png_files_resumed_cluster_run_equals_the_array_job(tmp_path, data_env, 
     assert f"steps 15..{STEPS}" in second.output
     steps, done = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["workers"] for s in steps)
+    # Files are read ahead: most steps' examples were read while the previous step computed (a miss reads anew).
+    assert sum(s["read_ahead"] for s in steps) > 0, [s["read_ahead"] for s in steps]
     assert_same_model(run_dir, array_reference, digits.eval_data()[0])
     assert len(list((Path(data_env["PSTRAIN_DATA_DIR"]) / "digits-png" / "train").glob("*.png"))) == len(digits.train_data()[1])
     assert done["eval_accuracy"] > 0.5
+    # eval_dataset() (PNG files, read in batches) scores the same examples as the array job's eval_data().
+    reference_done = metrics(array_reference)[1]
+    assert done["eval_loss"] == pytest.approx(reference_done["eval_loss"], abs=1e-4)
+    assert done["eval_accuracy"] == pytest.approx(reference_done["eval_accuracy"], abs=1e-9)
     assert_no_orphans(second)
 
 
@@ -70,6 +76,7 @@ def test_npy_fast_path_cluster_run_equals_the_array_job(tmp_path, data_env, arra
     result = run_pstrain(args, env=data_env)
     assert result.returncode == 0, result.output
     assert_same_model(run_dir, array_reference, digits.eval_data()[0])
+    assert all("read_ahead" not in s for s in metrics(run_dir)[0]), "a gather from memory is not read ahead"
     assert not (run_dir / "data").exists(), "the job's own files are read; nothing is copied into the run dir"
 
 
@@ -82,6 +89,25 @@ def test_backup_workers_with_png_files(tmp_path, data_env):
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(steps)) and all(r["aggregated"] == 2 for r in records)
     assert done["stale_dropped_total"] == steps
+    assert_no_orphans(result)
+
+
+def test_worker_killed_while_reading_ahead_png_files(tmp_path, data_env):
+    """A worker killed mid-run: its closures run again elsewhere, the restarted worker builds a fresh
+    read-ahead pipeline and rejoins, and the model is still the array job's (standalone, 1e-4)."""
+    steps, run_dir, killed = 800, tmp_path / "run", []  # long enough for the restarted worker to rejoin
+    args = ["launch", "--job", "chief.jobs.digits_files", "--run-dir", str(run_dir), "--steps", str(steps)]
+    result = run_pstrain(args, env=data_env, signal_when=kill_task_when(run_dir, "worker", 1, 20, killed), send=None)
+    assert killed and result.returncode == 0, result.output
+    assert "worker-1 exited with code 137; restarting" in result.output
+    records, _ = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps)) and all(r["aggregated"] == 2 for r in records)
+    rejoined = [r for r in records[30:] if 1 in r["workers"]]
+    assert rejoined and sum(r["read_ahead"] for r in rejoined) > 0, "the restarted worker reads ahead again"
+    reference = tmp_path / "reference"
+    alone = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", str(steps)])
+    assert alone.returncode == 0, alone.output
+    assert_same_model(run_dir, reference, digits.eval_data()[0])
     assert_no_orphans(result)
 
 

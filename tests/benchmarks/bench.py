@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 PEERS = ("pstrain", "async", "tf1", "mwms", "single")
 TIMEOUT_S = 900
+FILES = "d one file per example (train_dataset)"
+NO_READ_AHEAD = {"PSTRAIN_READ_AHEAD": "0"}
 
 
 def free_ports(n: int) -> list[str]:
@@ -133,6 +135,8 @@ def peer_pstrain(
         "startup_s": steps_[0]["time"] - t_launch,
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
     }
+    if "read_ahead" in measured[0]:  # the share of applied gradients whose examples were read ahead
+        result["read_ahead"] = sum(r["read_ahead"] for r in measured) / sum(r["aggregated"] for r in measured)
     shutil.rmtree(tmp, ignore_errors=True)
     return result
 
@@ -249,12 +253,16 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
 
 def data_runs(directory: str, gigabytes: float, files: int, repeats: int, batch: int, steps: int) -> dict[str, list[dict]]:
     write_bench_data(directory, gigabytes, files)
-    runs: dict[str, list[dict]] = {name: [] for name in DATA_JOBS}
+    # (e): (d) with read-ahead turned off, the peer that shows what reading the next step ahead buys.
+    cases = {name: (job, {}) for name, job in DATA_JOBS.items()}
+    cases["e (d) without read-ahead"] = (DATA_JOBS[FILES], NO_READ_AHEAD)
+    runs: dict[str, list[dict]] = {name: [] for name in cases}
     for repeat in range(repeats):  # interleaved: every set-up once per round
-        for name, job in DATA_JOBS.items():
-            r = peer_pstrain("1m", batch, steps, job=job, env={"PSTRAIN_BENCH_DATA": directory})
+        for name, (job, env) in cases.items():
+            r = peer_pstrain("1m", batch, steps, job=job, env={"PSTRAIN_BENCH_DATA": directory, **env})
             runs[name].append(r)
             what = f"start-up {r['startup_s']:.1f} s, {r['step_s'] * 1000:.1f} ms/step"
+            what += f", {r['read_ahead']:.0%} read ahead" if "read_ahead" in r else ""
             print(f"  data round {repeat + 1} {name}: {what}", flush=True)
     return runs
 
@@ -264,12 +272,13 @@ def data_table(runs: dict[str, list[dict]], gigabytes: float, files: int) -> str
     start_a, step_a = med(base, "startup_s"), med(base, "step_s")
     lines = [
         f"\nwhere the data lives (1 M MLP, 2 workers; large set {gigabytes:g} GB, {files:,} example files)",
-        "| data | launch to first step s | ÷ (a) | ms/step | ÷ (a) |",
-        "|---|---|---|---|---|",
+        "| data | launch to first step s | ÷ (a) | ms/step | ÷ (a) | read ahead |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in runs.items():
         start, step = med(r, "startup_s"), med(r, "step_s")
-        ratios = f"{start:.1f} | {start / start_a:.2f}× | {step * 1000:.1f} | {step / step_a:.2f}×"
+        ahead = f"{med(r, 'read_ahead'):.0%}" if "read_ahead" in r[0] else "–"
+        ratios = f"{start:.1f} | {start / start_a:.2f}× | {step * 1000:.1f} | {step / step_a:.2f}× | {ahead}"
         lines.append(f"| ({name[0]}) {name[2:]} | {ratios} |")
     return "\n".join(lines)
 

@@ -249,19 +249,19 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
 
     def packed(value):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return tf.stack([tf.cast(worker, tf.float32), value * 0.0, 1.0])
+        return tf.stack([tf.cast(worker, tf.float32), value * 0.0, 1.0, 0.0])
 
     @tf.function
-    def dispatch(iterator, step, slot, indices):
+    def dispatch(iterator, step, slot, indices, next_indices):
         return packed(strategy.run(lambda: tf.constant(0.0)))
 
     @tf.function
-    def pull(iterator, step, slot, indices):
+    def pull(iterator, step, slot, indices, next_indices):
         return packed(strategy.run(lambda: tf.add_n([tf.reduce_sum(v) for v in model.trainable_variables])))
 
     @tf.function
-    def compute(iterator, step, slot, indices):
-        x, y = engine.source.worker_batch(next(iterator), indices, engine._expected)
+    def compute(iterator, step, slot, indices, next_indices):
+        (x, y), _ = engine.source.worker_batch(next(iterator), indices, engine._expected)
 
         def replica(x, y):
             variables = model.trainable_variables

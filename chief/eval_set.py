@@ -1,0 +1,60 @@
+"""The evaluation examples, read in batches where the evaluation runs, never all at once.
+
+An evaluation runs in the chief (`--eval-every`, the final one) or in the evaluator sidecar
+(`pstrain evaluate`, the `evaluator` task), each reading the job's eval set from its own disk:
+`eval_dataset()` is iterated batch by batch (memory does not grow with the set), `eval_arrays()`
+`.npy` files are memory-mapped, `eval_data()` arrays are sliced. Without any of them, the first (up
+to) 8,192 training examples are the eval set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from chief.jobs import Job, JobError, checked_arrays, rows
+
+Batch = tuple  # (features, labels[, sample_weights]), each a tensor/array or a nest of them
+FALLBACK_EXAMPLES = 8192
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """`batches(size)` yields the whole set once, in order, `size` examples at a time."""
+
+    batches: Callable[[int], Iterator[Batch]]
+    what: str
+
+    @classmethod
+    def from_arrays(cls, data: Batch, what: str) -> EvalSet:
+        n = len(tf.nest.flatten(data[0])[0])
+        return cls(lambda size: (rows(data, slice(i, i + size)) for i in range(0, n, size)), what)
+
+    @classmethod
+    def from_dataset(cls, make: Callable[[], tf.data.Dataset], what: str) -> EvalSet:
+        dataset = make()
+        if not isinstance(dataset, tf.data.Dataset):
+            raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+        spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+            raise JobError(f"{what}: each element must be (features, labels) or (features, labels, sample_weights)")
+        return cls(lambda size: iter(dataset.batch(size)), what)
+
+
+def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet:
+    """The job's eval set; `first_training_examples(n)` reads up to n training examples for the fallback."""
+    spec = job.spec
+    if job.eval_dataset:
+        return EvalSet.from_dataset(job.eval_dataset, f"--job {spec}: eval_dataset()")
+    if job.eval_arrays:
+        paths = job.eval_arrays()
+        data = tuple(tf.nest.map_structure(lambda p: np.load(p, mmap_mode="r"), tuple(paths)))
+        return EvalSet.from_arrays(checked_arrays(spec, "eval_arrays", data), f"--job {spec}: eval_arrays()")
+    if job.eval_data:
+        return EvalSet.from_arrays(checked_arrays(spec, "eval_data", job.eval_data()), f"--job {spec}: eval_data()")
+    first = first_training_examples(FALLBACK_EXAMPLES)
+    return EvalSet.from_arrays(tuple(tf.nest.map_structure(np.asarray, first)), "the first training examples")
