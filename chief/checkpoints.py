@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from chief.jobs import Job
-from chief.model_state import ModelState, build_state
+from chief.model_state import ModelState, mirror_state
 from chief.sharding import assign_full, read_full, shard_groups
 
 
@@ -26,9 +26,9 @@ def state_variables(state: ModelState) -> list[tf.Variable]:
 
 
 class Checkpoints:
-    def __init__(self, live: ModelState, job: Job, weights: list[np.ndarray], sample: np.ndarray, directory: Path, local: bool):
+    def __init__(self, live: ModelState, job: Job, sample, directory: Path, local: bool):
         self.live = live
-        self.mirror = live if local else build_state(job, weights, sample)
+        self.mirror = live if local else mirror_state(job, sample)  # zeros until the first sync or restore
         live_vars, mirror_vars = state_variables(live), state_variables(self.mirror)
         try:  # a variable sharded across ps tasks is one full-size variable in the mirror
             groups = shard_groups([v.shape for v in live_vars], [v.shape for v in mirror_vars])

@@ -1,7 +1,8 @@
 """Two ways to run one synchronous step: on the cluster, or in this process (the reference).
 
-Both take the same (step, slot) data, start from the same weights and average the same per-slot
-gradients, so a cluster run and a standalone run end with the same model.
+Both take the same (step, slot) data, start from the same weights (the seed's, each computed where
+its variable lives: chief/initial_values.py) and average the same per-slot gradients, so a cluster
+run and a standalone run end with the same model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tensorflow as tf
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
 from chief.gradients import mean_of_slots, sparse_variables
+from chief.initial_values import PS_INIT_MIN_BYTES
 from chief.jobs import Job
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
 from chief.replica import Replica, inspect_job, replica_step, state_variables
@@ -131,12 +133,12 @@ class LocalEngine:
     so it ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
     """
 
-    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample):
+    def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
         """`source`: the training examples (chief/sources.py); `sample`: one example's features."""
         self.train = train
         self.source = source
-        found = inspect_job(job, train, first_batch(source, train), weights)  # refuses a job that breaks the contract
-        self.state = build_state(job, weights, sample)
+        self.state = build_state(job, train.seed, sample)
+        found = inspect_job(job, train, first_batch(source, train), self.state.model)  # refuses a job that breaks the contract
         self.replica = replica_of(job, self.state, found, train, sample)
         self.sparse = list(self.replica.sparse)
         self._step_fn = self._build_step()
@@ -184,19 +186,29 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample, resolver=None):
+    def __init__(
+        self,
+        job: Job,
+        train: TrainConfig,
+        source: Source,
+        sample,
+        resolver=None,
+        ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
+    ):
         """`source`: the training examples, built again on each worker (chief/sources.py); `sample`: one
-        example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks)."""
+        example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
+        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/initial_values.py)."""
         self.train = train
         self.source = source
-        found = inspect_job(job, train, first_batch(source, train), weights)  # refuses a job that breaks the contract
         allow_loss_scaling_under_ps()
         resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.state = build_state(job, weights, sample)
+            self.state = build_state(job, train.seed, sample, ps_init_min_bytes)
+        # On the training model itself: a lookup reads only its rows from the ps, the rest is small.
+        found = inspect_job(job, train, first_batch(source, train), self.state.model)  # refuses a job that breaks the contract
         self.workers = list(resolver.cluster_spec().as_dict().get("worker", []))
         self.job = job
         self.replica = replica_of(job, self.state, found, train, sample)

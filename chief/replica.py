@@ -2,8 +2,9 @@
 
 `replica_step` runs the forward pass under per-(seed, step, slot) randomness with forward-pass
 assignments captured, reduces the loss as Keras does (plus `model.losses`), and returns the slot's
-loss, gradients and state deltas. `inspect_job` runs it once on a local model, eagerly and traced,
-so a job that breaks the contract is refused with one line before any step, in both engines.
+loss, gradients and state deltas. `inspect_job` runs it once on the engine's model (nothing is
+written to it), eagerly and traced, so a job that breaks the contract is refused with one line
+before any step, in both engines.
 """
 
 from __future__ import annotations
@@ -75,11 +76,11 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
 
 
 def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
-    """The model's non-trainable variables at `positions` (found by `inspect_job` on a local copy,
-    with their `shapes`); a state variable sharded across ps tasks is refused."""
+    """The model's non-trainable variables at `positions` (found by `inspect_job`, with their
+    `shapes`); a state variable sharded across ps tasks is refused."""
     weights = model.non_trainable_weights
     found = tuple(weights[i] for i in positions if i < len(weights))
-    if [tuple(v.shape) for v in found] != list(shapes):
+    if [tuple(v.shape) for v in found] != list(shapes) or any("/part_" in v.name for v in found):
         raise JobError(
             "model_fn: a non-trainable variable that the forward pass assigns is sharded across ps tasks "
             "(too large for one shard); use --ps 1, or keep such state under 256 KiB"
@@ -87,13 +88,11 @@ def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: t
     return found
 
 
-def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tuple[int, ...], tuple]:
-    """Check the job on its first slot's `batch`, on a local copy of the model; returns the positions in
-    `model.non_trainable_weights` of the variables its forward pass assigns, and their shapes. Raises
-    JobError (one line) for a contract the engines cannot keep."""
-    from chief.export import local_model
-
-    model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], batch[0]))
+def inspect_job(job: Job, train: TrainConfig, batch: tuple, model: tf_keras.Model) -> tuple[tuple[int, ...], tuple]:
+    """Check the job on its first slot's `batch` with the engine's `model` at its initial weights
+    (read where they live; nothing is written); returns the positions in `model.non_trainable_weights`
+    of the variables its forward pass assigns, and their shapes. Raises JobError (one line) for a
+    contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
     candidates = tuple(model.non_trainable_weights)
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate)

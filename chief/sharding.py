@@ -2,8 +2,8 @@
 
 With more than one ps, the chief creates variables through TF's `MinSizePartitioner`, so a large
 variable becomes shards along axis 0 (`kernel/part_0`, `kernel/part_1`, …) on different ps tasks,
-and Keras lists the shards in place of the variable. The initial weights, the checkpoint mirror and
-the exported model are full-size; these helpers move values between the two layouts.
+and Keras lists the shards in place of the variable. The checkpoint mirror (and with it checkpoints
+and the exported model) is full-size; these helpers move values between the two layouts.
 """
 
 from __future__ import annotations
@@ -66,13 +66,6 @@ def assign_full(shards: Sequence[tf.Variable], value) -> None:
         rows = shard.shape[0]
         shard.assign(value[offset : offset + rows])
         offset += rows
-
-
-def assign_weights(variables: Sequence[tf.Variable], weights: Sequence[np.ndarray]) -> None:
-    """`model.set_weights` that also works when `variables` are shards of the full `weights`."""
-    groups = shard_groups([v.shape for v in variables], [w.shape for w in weights])
-    for group, value in zip(groups, weights, strict=True):
-        assign_full([variables[i] for i in group], value)
 
 
 def placement_summary(variables: Sequence[tf.Variable]) -> str:

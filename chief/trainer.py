@@ -29,7 +29,6 @@ from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, S
 from chief.export import evaluate, export_saved_model, local_model
 from chief.jobs import Job, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
-from chief.model_state import initial_weights
 from chief.sharding import placement_summary
 from chief.sources import eval_arrays, explain_worker_error, train_source
 from cluster.config import TrainConfig
@@ -77,19 +76,18 @@ class TrainingRun:
 
     @classmethod
     def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
-        """Load the job, build the engine from the seed's initial weights, restore the latest checkpoint."""
+        """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         job = load_job(train.job)
         source = train_source(job, run_dir)  # built again on each worker from its own files
         eval_set = eval_arrays(job) or tuple(  # no eval set: the first (up to) 8,192 training examples
             tf.nest.map_structure(np.asarray, source.read_local(np.arange(min(source.num_examples, 8192))))
         )
         sample = tf.nest.map_structure(np.asarray, source.read_local(np.zeros(1, np.int64))[0])
-        weights = initial_weights(job, train.seed, sample)
-        engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, weights, sample)
+        engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(engine.state.model.weights))
-        checkpoints = Checkpoints(engine.state, job, weights, sample, run_dir / "checkpoints", local=standalone)
+        checkpoints = Checkpoints(engine.state, job, sample, run_dir / "checkpoints", local=standalone)
         first = checkpoints.restore_latest()
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)

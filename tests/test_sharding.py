@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.sharding import assign_full, assign_weights, read_full, shard_groups
+from chief.sharding import assign_full, read_full, shard_groups
 
 
 def test_whole_variables_match_one_to_one():
@@ -41,10 +41,3 @@ def test_values_round_trip_through_shards():
     assign_full(shards, value)
     np.testing.assert_array_equal(shards[0].numpy(), value[:4])
     np.testing.assert_array_equal(read_full(shards).numpy(), value)
-
-
-def test_assign_weights_spreads_full_weights_over_shards():
-    weights = [np.ones((6, 2), np.float32), np.full((2,), 7.0, np.float32)]
-    variables = [tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros((2,)))]
-    assign_weights(variables, weights)
-    assert [v.numpy().tolist() for v in variables] == [[[1, 1]] * 3, [[1, 1]] * 3, [7, 7]]
