@@ -47,11 +47,12 @@ def training_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     )
 
 
-def replica_of(job: Job, state, found: tuple, train: TrainConfig, sample_features) -> Replica:
-    """The per-slot computation over this engine's model (state variables found by `inspect_job`;
-    row-sparse variables found by tracing the model on `sample_features`)."""
-    state_vars = state_variables(state.model, *found)
+def inspected_replica(job: Job, state, train: TrainConfig, source: Source, sample_features) -> Replica:
+    """The per-slot computation over this engine's model, once `inspect_job` accepts the job: row-sparse
+    variables found by tracing the model on `sample_features`, state variables by the inspection."""
     sparse = tuple(sparse_variables(state.model, sample_features))
+    found = inspect_job(job, train, first_batch(source, train), state.model, sparse)  # refuses a job that breaks the contract
+    state_vars = state_variables(state.model, *found)
     return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate, sparse)
 
 
@@ -138,8 +139,7 @@ class LocalEngine:
         self.train = train
         self.source = source
         self.state = build_state(job, train.seed, sample)
-        found = inspect_job(job, train, first_batch(source, train), self.state.model)  # refuses a job that breaks the contract
-        self.replica = replica_of(job, self.state, found, train, sample)
+        self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
         self._step_fn = self._build_step()
 
@@ -207,11 +207,10 @@ class ClusterEngine:
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, train.seed, sample, ps_init_min_bytes)
-        # On the training model itself: a lookup reads only its rows from the ps, the rest is small.
-        found = inspect_job(job, train, first_batch(source, train), self.state.model)  # refuses a job that breaks the contract
         self.workers = list(resolver.cluster_spec().as_dict().get("worker", []))
         self.job = job
-        self.replica = replica_of(job, self.state, found, train, sample)
+        # Inspected on the training model itself: a lookup reads only its rows from the ps.
+        self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()

@@ -152,10 +152,17 @@ def zeros_initializers() -> Iterator[None]:
         yield
 
 
+def build_layers(model: tf_keras.Model, sample) -> None:
+    """Create every variable of `model` (its layers build at their first call) by tracing a call on
+    `sample`, not running it: eagerly, an embedding lookup of a table sharded over ps tasks reads the
+    whole table to this process (TF dispatches it to the shards only in graphs)."""
+    tf.function(lambda features: model(features, training=False)).get_concrete_function(sample)
+
+
 def seeded_build(job_model_fn, seed: int, sample) -> tf_keras.Model:
-    """The job's model, built (and called once on `sample`, so that every layer has its variables)
-    right after seeding: the draws of its initializers are the same in every topology."""
+    """The job's model with all its variables, built right after seeding: the draws of its
+    initializers are the same in every topology."""
     tf_keras.utils.set_random_seed(seed)
     model = job_model_fn()
-    model(sample, training=False)
+    build_layers(model, sample)
     return model

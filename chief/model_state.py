@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.initial_values import full_rows_initializers, seeded_build, zeros_initializers
+from chief.initial_values import build_layers, full_rows_initializers, seeded_build, zeros_initializers
 from chief.jobs import Job
 
 log = logging.getLogger("pstrain.chief")
@@ -60,7 +60,7 @@ def mirror_state(job: Job, sample) -> ModelState:
     chief fills from the training state (chief/checkpoints.py)."""
     with zeros_initializers():
         model = job.model_fn()
-        model(sample, training=False)
+        build_layers(model, sample)
         optimizer = job.optimizer_fn()
         create_optimizer_slots(optimizer, model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")

@@ -3,7 +3,7 @@
 `replica_step` runs the forward pass under per-(seed, step, slot) randomness with forward-pass
 assignments captured, reduces the loss as Keras does (plus `model.losses`), and returns the slot's
 loss, gradients and state deltas. `inspect_job` runs it once on the engine's model (nothing is
-written to it), eagerly and traced, so a job that breaks the contract is refused with one line
+written to it) and inspects its graph, so a job that breaks the contract is refused with one line
 before any step, in both engines.
 """
 
@@ -88,23 +88,42 @@ def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: t
     return found
 
 
-def inspect_job(job: Job, train: TrainConfig, batch: tuple, model: tf_keras.Model) -> tuple[tuple[int, ...], tuple]:
+def run_unwrapped(function, *args):
+    """`function(*args)`; a JobError raised while tracing it (autograph wraps it in a StagingError) is
+    raised as it is, so the user sees its one line."""
+    try:
+        return function(*args)
+    except Exception as e:
+        cause, seen = e, set()
+        while cause is not None and not isinstance(cause, JobError) and id(cause) not in seen:
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        if not isinstance(cause, JobError):
+            raise
+        raise cause from None
+
+
+def inspect_job(
+    job: Job, train: TrainConfig, batch: tuple, model: tf_keras.Model, sparse: tuple[bool, ...] | None = None
+) -> tuple[tuple[int, ...], tuple]:
     """Check the job on its first slot's `batch` with the engine's `model` at its initial weights
     (read where they live; nothing is written); returns the positions in `model.non_trainable_weights`
-    of the variables its forward pass assigns, and their shapes. Raises JobError (one line) for a
-    contract the engines cannot keep."""
+    of the variables its forward pass assigns, and their shapes. `sparse`: the row-sparse trainable
+    variables (chief/gradients.py), whose gradients stay row slices here too (a dense gradient of a
+    table would be table-sized). Raises JobError (one line) for a contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
     candidates = tuple(model.non_trainable_weights)
-    replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate)
-    output = model(batch[0], training=False)
+    replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate, sparse)
+    # Functions, as in the closures: eagerly, a lookup of a table sharded over ps tasks reads all of it.
+    output = run_unwrapped(tf.function(lambda features: model(features, training=False)), batch[0])
     for leaf in tf.nest.flatten(output):
         if leaf.dtype.is_floating and not np.all(np.isfinite(tf.cast(leaf, tf.float32).numpy())):
             raise JobError(
                 f"model_fn: the model's output (shape {list(leaf.shape)}) on the first batch is not finite; "
                 "check the input scaling and the layers (e.g. a log or division of raw features)"
             )
-    found_touched: list[int] = []
-    replica_step(replica, batch, tf.constant(0, tf.int64), 0, touched=found_touched)
+    found_touched: list[int] = []  # filled while tracing
+    run_unwrapped(tf.function(lambda d: replica_step(replica, d, tf.constant(0, tf.int64), 0, touched=found_touched)[0]), batch)
     touched = tuple(found_touched)
     for i in touched:
         if not candidates[i].dtype.is_floating:
@@ -112,7 +131,9 @@ def inspect_job(job: Job, train: TrainConfig, batch: tuple, model: tf_keras.Mode
                 f"model_fn: the forward pass assigns the integer variable {candidates[i].name}; pstrain "
                 "can average only floating-point state across replicas: make it float or compute it outside call()"
             )
-    traced = Replica(job, model, optimizer, tuple(candidates[i] for i in touched), train.seed, train.replicas_to_aggregate)
+    traced = Replica(
+        job, model, optimizer, tuple(candidates[i] for i in touched), train.seed, train.replicas_to_aggregate, sparse
+    )
     graph = tf.function(lambda d: replica_step(traced, d, tf.constant(0, tf.int64), 0)[0]).get_concrete_function(batch).graph
     found = unsupported_ops(graph)
     if found:
