@@ -1,4 +1,4 @@
-"""Evaluation and SavedModel export from a local copy of the trained weights."""
+"""Evaluation and SavedModel export of a local model (the checkpoint mirror, or a restored copy)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,6 @@ import numpy as np
 import tensorflow as tf
 
 from chief.jobs import Job, rows
-
-
-def local_model(job: Job, weights, sample: Any):
-    model = job.model_fn()
-    model(sample, training=False)
-    model.set_weights(weights)
-    return model
 
 
 def predict(model, features: Any, batch: int = 1024) -> Any:

@@ -138,14 +138,17 @@ def full_rows_initializers(min_bytes: int = PS_INIT_MIN_BYTES) -> Iterator[dict[
 
 
 @contextlib.contextmanager
-def zeros_initializers() -> Iterator[None]:
-    """Within the block, variables created with a callable initial value of known shape start as
-    zeros, their initializers never called: for a copy whose values are written afterwards."""
+def unfilled_initializers() -> Iterator[None]:
+    """Within the block, variables created with a callable initial value of known shape start with
+    unspecified values (`tf.raw_ops.Empty`), their initializers never called: for a copy whose every
+    value is written before it is read. Pages of a new buffer become resident only when written, so
+    such a variable costs no memory until then."""
 
     def creator(next_creator, **kwargs):
         shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
         if callable(kwargs.get("initial_value")) and variable_bytes(shape, dtype) is not None:
-            kwargs["initial_value"] = functools.partial(tf.zeros, tf.TensorShape(shape), tf.as_dtype(dtype))
+            shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype)
+            kwargs["initial_value"] = lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype.base_dtype, init=False)
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.initial_values import build_layers, full_rows_initializers, seeded_build, zeros_initializers
+from chief.initial_values import build_layers, full_rows_initializers, seeded_build, unfilled_initializers
 from chief.jobs import Job
 
 log = logging.getLogger("pstrain.chief")
@@ -56,9 +56,10 @@ def build_state(job: Job, seed: int, sample, ps_init_min_bytes: int | None = Non
 
 
 def mirror_state(job: Job, sample) -> ModelState:
-    """A local state of the same structure, every variable zeros (no initializer runs): a copy the
-    chief fills from the training state (chief/checkpoints.py)."""
-    with zeros_initializers():
+    """A local state of the same structure whose values are unspecified (no initializer runs, and no
+    memory is used until they are written): the copy the chief fills from the training state or a
+    checkpoint (chief/checkpoints.py)."""
+    with unfilled_initializers():
         model = job.model_fn()
         build_layers(model, sample)
         optimizer = job.optimizer_fn()

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
-from chief.export import evaluate, export_saved_model, local_model
+from chief.export import evaluate, export_saved_model
 from chief.jobs import Job, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.sharding import placement_summary
@@ -68,7 +68,7 @@ class TrainingRun:
     progress: Progress
     agent: Agent | None
     eval_set: tuple  # (features, labels[, sample_weights]), each an array or a nest of arrays
-    sample: object  # the first training example's features: how a local model is built
+    sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
     started: float = field(default_factory=time.monotonic)
     stale_total: int = 0
@@ -158,13 +158,13 @@ class TrainingRun:
             self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
     def maybe_evaluate(self, done: int) -> None:
-        """Every `eval_every` steps: evaluate the model after `done` steps on a local copy (training
-        waits as long as this takes) and write an eval line."""
+        """Every `eval_every` steps: evaluate the model after `done` steps on the checkpoint mirror, a local
+        copy (training waits as long as this takes), and write an eval line."""
         every = self.train.eval_every
         if not every or done % every:
             return
         self.checkpoints.sync()
-        scores = evaluate(self.job, local_model(self.job, self.checkpoints.weights(), self.sample), self.eval_set)
+        scores = evaluate(self.job, self.checkpoints.model(), self.eval_set)
         self.metrics.write({"event": "eval", "step": done, **scores})
         log.info("eval at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
 
@@ -183,15 +183,22 @@ class TrainingRun:
         wall = time.monotonic() - self.started
         if self.first_step < self.train.steps:
             self.checkpoints.save(self.train.steps)
-        final = local_model(self.job, self.checkpoints.weights(), self.sample)
+        final = self.checkpoints.model()  # the weights just saved (or restored), in the mirror
         scores = evaluate(self.job, final, self.eval_set)
         export_saved_model(final, self.sample, self.run_dir / "saved_model")
         done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
-        self.metrics.write({**done, "wall_seconds": round(wall, 3)})
+        self.metrics.write({**done, "wall_seconds": round(wall, 3), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()
         summary = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
         self.progress.message(f"pstrain: done in {wall:.1f}s; {summary}; saved model in {self.run_dir / 'saved_model'}")
         return EXIT_OK
+
+
+def peak_rss_mib() -> int:
+    """This process's peak resident memory so far, in MiB (the kernel's high-water mark)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
 
 
 def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:

@@ -16,7 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.engines import ClusterEngine, LocalEngine
-from chief.initial_values import FullRows, full_rows_initializers, reproducible_on_ps, seeded_build, zeros_initializers
+from chief.initial_values import FullRows, full_rows_initializers, reproducible_on_ps, seeded_build, unfilled_initializers
 from chief.jobs import load_job, recommender
 from chief.model_state import initial_weights
 from chief.sharding import partitioner
@@ -57,11 +57,18 @@ def test_full_rows_gives_each_partition_its_rows_of_the_full_value(on_ps):
     np.testing.assert_array_equal(rows().numpy(), full)
 
 
-def test_zeros_build_runs_no_initializer():
-    job = recommender_job()
-    with zeros_initializers():
-        model = job.model_fn()
-    assert all(not np.any(w) for w in model.get_weights())
+def test_unfilled_build_calls_no_initializer():
+    calls = []
+
+    def counted(shape, dtype=None):
+        calls.append(shape)
+        return tf.ones(shape, dtype)
+
+    with unfilled_initializers():
+        model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, kernel_initializer=counted)])
+    assert calls == [] and [w.shape for w in model.weights] == [(3, 4), (4,)]
+    model.weights[0].assign(tf.ones((3, 4)))  # a normal variable once written
+    assert model.weights[0].numpy().sum() == 12
 
 
 @pytest.mark.cluster  # the in-process cluster; about 10 s

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.sharding import assign_full, read_full, shard_groups
+from chief.sharding import copy_rows, read_full, shard_groups
 
 
 def test_whole_variables_match_one_to_one():
@@ -35,9 +35,23 @@ def test_mismatched_layouts_are_refused(shards, full):
         shard_groups(shards, full)
 
 
-def test_values_round_trip_through_shards():
+def test_values_round_trip_through_shards_in_chunks():
+    """Chunks smaller than a shard, and shards that straddle chunk and shard boundaries of the other side."""
     value = np.arange(30, dtype=np.float32).reshape(10, 3)
+    full = tf.Variable(value)
     shards = [tf.Variable(tf.zeros((4, 3))), tf.Variable(tf.zeros((6, 3)))]
-    assign_full(shards, value)
+    copy_rows([full], shards, chunk_bytes=2 * 3 * 4 + 4)  # 2 rows per chunk
     np.testing.assert_array_equal(shards[0].numpy(), value[:4])
     np.testing.assert_array_equal(read_full(shards).numpy(), value)
+    other = [tf.Variable(tf.zeros((3, 3))), tf.Variable(tf.zeros((3, 3))), tf.Variable(tf.zeros((4, 3)))]
+    copy_rows(shards, other, chunk_bytes=12)  # 1 row per chunk
+    np.testing.assert_array_equal(read_full(other).numpy(), value)
+    back = tf.Variable(tf.zeros((10, 3)))
+    copy_rows(other, [back])
+    np.testing.assert_array_equal(back.numpy(), value)
+
+
+def test_small_and_scalar_variables_are_copied_whole():
+    step, copy = tf.Variable(7, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
+    copy_rows([step], [copy])
+    assert int(copy.numpy()) == 7
