@@ -12,12 +12,16 @@ and the initial weights would depend on the number of ps. `full_rows_initializer
 shard exactly its rows of the full value instead, computed
 
 - on the shard's ps, for a variable of at least `min_bytes` whose initializer is one of tf_keras's
-  own (a stateless random one, or a constant): nothing of it passes through the chief. Each ps
-  computes the full value once per shard it holds and keeps its rows (a transient full-size
-  tensor on that ps);
+  own (stateless random ones, zeros, ones, a scalar constant): nothing of it passes through the
+  chief. The variable is created unfilled (`tf.raw_ops.Empty`: its pages are never touched), then
+  each shard is assigned its rows in a function on its ps, right after the creation (so the
+  initializer draws its seed in creation order). In a function the initializer's temporaries share
+  one buffer and the variable adopts it: a ps holds the full value once while filling a shard of
+  it, where an eager draw, its scaling and its shift would each take a full-size tensor;
 - on the chief, sent to the ps, for every other variable: small ones, and one whose initializer
-  pstrain cannot reproduce on another device (a plain function, TF's stateful random ops, NumPy);
-  a large one of those is logged, since the chief then holds its value at start-up.
+  pstrain cannot reproduce on another device (a plain function, TF's stateful random ops, NumPy,
+  an array constant); a large one of those is logged, since the chief then holds its value at
+  start-up.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 from tf_keras.src.initializers import initializers as keras_initializers
@@ -57,40 +62,63 @@ def keras_initializer(initial_value) -> object | None:
 def reproducible_on_ps(initial_value) -> bool:
     """Whether computing `initial_value()` on another device gives the value a local build gets: one of
     tf_keras's own initializers, with a stateless generator if it draws random numbers (the
-    subclasses a job defines may override `__call__`, so only the exact classes count)."""
+    subclasses a job defines may override `__call__`, so only the exact classes count), a constant
+    only if it is a scalar."""
     initializer = keras_initializer(initial_value)
     if initializer is None or type(initializer) not in KERAS_INITIALIZERS:
         return False
+    if isinstance(initializer, keras_initializers.Constant) and np.size(initializer.value) != 1:
+        return False  # an array: it is in this process already (and would not fit in a function's graph)
     generator = getattr(initializer, "_random_generator", None)
     return generator is None or getattr(generator, "_rng_type", None) == "stateless"
 
 
-class FullRows:
-    """A variable's initial value for TF's partitioned creation: the whole value when called without
-    partition arguments, else the rows [offset, offset + rows) of the whole value.
+class RowsOnChief:
+    """A variable's initial value for TF's partitioned creation, computed on the chief (once, kept
+    until its last rows are taken): the whole value when called without partition arguments, else
+    the rows [offset, offset + rows) of the whole value."""
 
-    `on_ps`: computed under the caller's device scope (TF creates each shard under its ps's); else on
-    the chief, once, and kept until its last rows are taken.
-    """
-
-    def __init__(self, compute, on_ps: bool):
+    def __init__(self, compute):
         self.compute = compute
-        self.on_ps = on_ps
         self._full: tf.Tensor | None = None
 
     def __call__(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
-        with warnings.catch_warnings():  # Keras warns when an unseeded initializer is called again (once per shard)
-            warnings.filterwarnings("ignore", message="The initializer .* is unseeded")
-            if self.on_ps:
-                full = self.compute()
-                return full if partition_offset is None else full[partition_offset[0] : partition_offset[0] + partition_shape[0]]
-            with tf.device(None):  # this process's CPU, whatever ps the variable is being created on
-                full = self._full if self._full is not None else self.compute()
-                if partition_offset is None:
-                    return full
-                start, stop = partition_offset[0], partition_offset[0] + partition_shape[0]
-                self._full = None if stop >= full.shape[0] else full
-                return full[start:stop]
+        with tf.device(None):  # this process's CPU, whatever ps the variable is being created on
+            full = self._full if self._full is not None else self.compute()
+            if partition_offset is None:
+                return full
+            start, stop = partition_offset[0], partition_offset[0] + partition_shape[0]
+            self._full = None if stop >= full.shape[0] else full
+            return full[start:stop]
+
+
+def unfilled(shape, dtype):
+    """An initial value of `shape` and `dtype` (or the partition's shape) with unspecified contents,
+    made where the variable is created: memory a buffer's pages take only once they are written."""
+    shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
+
+    def value(partition_shape=None, partition_offset=None) -> tf.Tensor:
+        return tf.raw_ops.Empty(shape=list(partition_shape or shape.as_list()), dtype=dtype, init=False)
+
+    return value
+
+
+def fill_on_ps(variable, compute) -> None:
+    """Assign every shard of `variable` (one, or a ShardedVariable's) its rows of `compute()`, each in a
+    function on the shard's own device."""
+    shards = list(getattr(variable, "variables", [variable]))
+    start = 0
+    for shard in shards:
+        stop = start + (shard.shape[0] if shard.shape.rank else 0)
+
+        def fill(shard=shard, start=start, stop=stop):
+            full = compute()
+            shard.assign(full if len(shards) == 1 else full[start:stop])
+
+        with tf.device(shard.device), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The initializer .* is unseeded")  # called once per shard
+            tf.function(fill, autograph=False)()
+        start = stop
 
 
 def variable_bytes(shape, dtype) -> int | None:
@@ -121,14 +149,16 @@ def full_rows_initializers(min_bytes: int = PS_INIT_MIN_BYTES) -> Iterator[dict[
         if large and not on_ps:
             what = type(keras_initializer(value) or getattr(value, "func", value)).__name__
             log.info(
-                "initial value of %s (%.1f MiB) computed on the chief: its initializer (%s) is not one of tf_keras's "
-                "stateless initializers, which pstrain reproduces on the ps",
+                "initial value of %s (%.1f MiB) computed on the chief: its initializer (%s) is not one that pstrain "
+                "computes on the ps (tf_keras's own stateless ones)",
                 name,
                 size / 2**20,
                 what,
             )
-        kwargs["initial_value"] = FullRows(value, on_ps)
+        kwargs["initial_value"] = unfilled(kwargs["shape"], kwargs["dtype"]) if on_ps else RowsOnChief(value)
         variable = next_creator(**kwargs)
+        if on_ps:
+            fill_on_ps(variable, value)
         first = getattr(variable, "variables", [variable])[0]  # a ShardedVariable's first shard
         where[first.name.split("/part_")[0].split(":")[0]] = "ps" if on_ps else "chief"
         return variable
@@ -147,8 +177,7 @@ def unfilled_initializers() -> Iterator[None]:
     def creator(next_creator, **kwargs):
         shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
         if callable(kwargs.get("initial_value")) and variable_bytes(shape, dtype) is not None:
-            shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype)
-            kwargs["initial_value"] = lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype.base_dtype, init=False)
+            kwargs["initial_value"] = unfilled(shape, dtype)
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):

@@ -16,7 +16,15 @@ import tensorflow as tf
 import tf_keras
 
 from chief.engines import ClusterEngine, LocalEngine
-from chief.initial_values import FullRows, full_rows_initializers, reproducible_on_ps, seeded_build, unfilled_initializers
+from chief.initial_values import (
+    RowsOnChief,
+    fill_on_ps,
+    full_rows_initializers,
+    reproducible_on_ps,
+    seeded_build,
+    unfilled,
+    unfilled_initializers,
+)
 from chief.jobs import load_job, recommender
 from chief.model_state import initial_weights
 from chief.sharding import partitioner
@@ -41,20 +49,31 @@ def test_only_tf_keras_stateless_initializers_are_reproduced_on_the_ps():
 
     assert all(map(reproducible_on_ps, [of(tf_keras.initializers.RandomUniform()), of(tf_keras.initializers.GlorotNormal())]))
     assert reproducible_on_ps(of(tf_keras.initializers.Zeros())) and reproducible_on_ps(of(tf_keras.initializers.Orthogonal()))
+    assert reproducible_on_ps(of(tf_keras.initializers.Constant(0.1)))
+    assert not reproducible_on_ps(of(tf_keras.initializers.Constant(np.ones((4, 2)))))  # an array: already on the chief
     assert not reproducible_on_ps(of(Scaled()))
     assert not reproducible_on_ps(of(lambda shape, dtype=None: tf.random.uniform(shape, dtype=dtype)))
     assert not reproducible_on_ps(of(tf.compat.v1.keras.initializers.RandomUniform()))  # stateful TF1 ops
     assert not reproducible_on_ps(lambda: tf.zeros((4, 2)))
 
 
-@pytest.mark.parametrize("on_ps", [True, False])
-def test_full_rows_gives_each_partition_its_rows_of_the_full_value(on_ps):
-    initializer = tf_keras.initializers.GlorotUniform(seed=3)  # fans from the full shape, not the partition's
+def test_each_shard_gets_its_rows_of_the_full_value():
+    initializer = tf_keras.initializers.GlorotUniform(seed=3)  # fans from the full shape, not the shard's
     full = initializer((10, 4), dtype=tf.float32).numpy()
-    rows = FullRows(functools.partial(initializer, (10, 4), dtype=tf.float32), on_ps)
-    parts = [rows(partition_shape=(n, 4), partition_offset=(start, 0)).numpy() for start, n in ((0, 4), (4, 3), (7, 3))]
+    compute = functools.partial(initializer, (10, 4), dtype=tf.float32)
+    on_chief = RowsOnChief(compute)  # as TF's partitioned creation calls it
+    parts = [on_chief(partition_shape=(n, 4), partition_offset=(start, 0)).numpy() for start, n in ((0, 4), (4, 3), (7, 3))]
     np.testing.assert_array_equal(np.concatenate(parts), full)
-    np.testing.assert_array_equal(rows().numpy(), full)
+    np.testing.assert_array_equal(RowsOnChief(compute)().numpy(), full)
+
+    class Sharded:  # a ShardedVariable's shards (local here)
+        variables = [tf.Variable(unfilled((n, 4), tf.float32)(partition_shape=(n, 4))) for n in (4, 3, 3)]
+
+    fill_on_ps(Sharded, compute)
+    np.testing.assert_array_equal(np.concatenate([v.numpy() for v in Sharded.variables]), full)
+    whole = tf.Variable(unfilled((10, 4), tf.float32)())
+    fill_on_ps(whole, compute)
+    np.testing.assert_array_equal(whole.numpy(), full)
 
 
 def test_unfilled_build_calls_no_initializer():
