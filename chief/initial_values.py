@@ -16,8 +16,9 @@ shard exactly its rows of the full value instead, computed
   chief. The variable is created unfilled (`tf.raw_ops.Empty`: its pages are never touched), then
   each shard is assigned its rows in a function on its ps, right after the creation (so the
   initializer draws its seed in creation order). In a function the initializer's temporaries share
-  one buffer and the variable adopts it: a ps holds the full value once while filling a shard of
-  it, where an eager draw, its scaling and its shift would each take a full-size tensor;
+  one buffer, which the assign copies into the variable: while a shard is filled its ps holds the
+  full value once beside the shard, where eagerly the draw, its scaling and its shift would each
+  take a full-size tensor;
 - on the chief, sent to the ps, for every other variable: small ones, and one whose initializer
   pstrain cannot reproduce on another device (a plain function, TF's stateful random ops, NumPy,
   an array constant); a large one of those is logged, since the chief then holds its value at
