@@ -1,7 +1,8 @@
 """Two ways to run one synchronous step: on the cluster, or in this process (the reference).
 
-Both take the same (step, slot) data, start from the same weights and average the same per-slot
-gradients, so a cluster run and a standalone run end with the same model.
+Both take the same (step, slot) data, start from the same weights (the seed's, each computed where
+its variable lives: chief/initial_values.py) and average the same per-slot gradients, so a cluster
+run and a standalone run end with the same model.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tensorflow as tf
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
 from chief.gradients import mean_of_slots, sparse_variables
+from chief.initial_values import PS_INIT_MIN_BYTES
 from chief.jobs import Job
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
 from chief.readahead import ReadAhead, request_tag, schedule_order
@@ -48,11 +50,12 @@ def training_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     )
 
 
-def replica_of(job: Job, state, found: tuple, train: TrainConfig, sample_features) -> Replica:
-    """The per-slot computation over this engine's model (state variables found by `inspect_job`;
-    row-sparse variables found by tracing the model on `sample_features`)."""
-    state_vars = state_variables(state.model.non_trainable_weights, *found)
+def inspected_replica(job: Job, state, train: TrainConfig, source: Source, sample_features) -> Replica:
+    """The per-slot computation over this engine's model, once `inspect_job` accepts the job: row-sparse
+    variables found by tracing the model on `sample_features`, state variables by the inspection."""
     sparse = tuple(sparse_variables(state.model, sample_features))
+    found = inspect_job(job, train, first_batch(source, train), state.model, sparse)  # refuses a job that breaks the contract
+    state_vars = state_variables(state.model, *found)
     return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate, sparse)
 
 
@@ -135,13 +138,12 @@ class LocalEngine:
     so it ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
     """
 
-    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample):
+    def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
         """`source`: the training examples (chief/sources.py); `sample`: one example's features."""
         self.train = train
         self.source = source
-        found = inspect_job(job, train, first_batch(source, train), weights)  # refuses a job that breaks the contract
-        self.state = build_state(job, weights, sample)
-        self.replica = replica_of(job, self.state, found, train, sample)
+        self.state = build_state(job, train.seed, sample)
+        self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
         self._step_fn = self._build_step()
 
@@ -188,22 +190,31 @@ class LocalEngine:
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
 
-    def __init__(self, job: Job, train: TrainConfig, source: Source, weights, sample, resolver=None):
+    def __init__(
+        self,
+        job: Job,
+        train: TrainConfig,
+        source: Source,
+        sample,
+        resolver=None,
+        ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
+    ):
         """`source`: the training examples, built again on each worker (chief/sources.py); `sample`: one
-        example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks)."""
+        example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
+        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/initial_values.py)."""
         self.train = train
         self.source = source
-        found = inspect_job(job, train, first_batch(source, train), weights)  # refuses a job that breaks the contract
         allow_loss_scaling_under_ps()
         resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
         self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.state = build_state(job, weights, sample)
+            self.state = build_state(job, train.seed, sample, ps_init_min_bytes)
         self.workers = list(resolver.cluster_spec().as_dict().get("worker", []))
         self.job = job
-        self.replica = replica_of(job, self.state, found, train, sample)
+        # Inspected on the training model itself: a lookup reads only its rows from the ps.
+        self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
         self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()

@@ -1,4 +1,4 @@
-"""Evaluation and SavedModel export from a local copy of the trained weights."""
+"""Evaluation and SavedModel export of a local model (the checkpoint mirror, or a restored copy)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,6 @@ import tf_keras
 
 from chief.eval_set import EvalSet
 from chief.jobs import Job, JobError
-
-
-def local_model(job: Job, weights, sample: Any):
-    model = job.model_fn()
-    model(sample, training=False)
-    model.set_weights(weights)
-    return model
 
 
 def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.initial_values import build_layers, full_rows_initializers, seeded_build, unfilled_initializers
 from chief.jobs import Job
-from chief.sharding import assign_weights
+
+log = logging.getLogger("pstrain.chief")
 
 
 @dataclass
@@ -24,22 +27,44 @@ class ModelState:
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
 
 
-def initial_weights(job: Job, seed: int, sample: np.ndarray) -> list[np.ndarray]:
-    """The job's initial weights for `seed`, built locally: identical whatever the topology."""
-    tf_keras.utils.set_random_seed(seed)
-    model = job.model_fn()
-    model(sample, training=False)
-    return model.get_weights()
+def initial_weights(job: Job, seed: int, sample) -> list[np.ndarray]:
+    """The job's initial weights for `seed` as NumPy arrays: what every topology starts from (a
+    reference for tests and tools; training builds its state with `build_state`)."""
+    return seeded_build(job.model_fn, seed, sample).get_weights()
 
 
-def build_state(job: Job, weights: list[np.ndarray], sample: np.ndarray) -> ModelState:
-    """Model, optimizer (with its slots) and global step in the current (strategy) scope."""
-    model = job.model_fn()
-    model(sample, training=False)
-    assign_weights(model.weights, weights)
+def build_state(job: Job, seed: int, sample, ps_init_min_bytes: int | None = None) -> ModelState:
+    """Model (initial weights of `seed`), optimizer (with its slots) and global step in the current scope.
+
+    `ps_init_min_bytes` None: built in this process (the standalone run). An int: built under a
+    ParameterServerStrategy scope, each variable's initial value being the same as in this process
+    whatever the sharding; a variable of at least that many bytes with a tf_keras initializer gets it
+    computed on its ps, the others on the chief (chief/initial_values.py).
+    """
+    if ps_init_min_bytes is None:
+        model = seeded_build(job.model_fn, seed, sample)
+    else:
+        with full_rows_initializers(ps_init_min_bytes) as where:
+            model = seeded_build(job.model_fn, seed, sample)
+        on_ps = sorted(name for name, place in where.items() if place == "ps")
+        if on_ps:
+            log.info("initial values computed on the ps: %s", ", ".join(on_ps))
     optimizer = job.optimizer_fn()
     create_optimizer_slots(optimizer, model.trainable_variables)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    return ModelState(model=model, optimizer=optimizer, global_step=global_step)
+
+
+def mirror_state(job: Job, sample) -> ModelState:
+    """A local state of the same structure whose values are unspecified (no initializer runs, and no
+    memory is used until they are written): the copy the chief fills from the training state or a
+    checkpoint (chief/checkpoints.py)."""
+    with unfilled_initializers():
+        model = job.model_fn()
+        build_layers(model, sample)
+        optimizer = job.optimizer_fn()
+        create_optimizer_slots(optimizer, model.trainable_variables)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     return ModelState(model=model, optimizer=optimizer, global_step=global_step)
 
 

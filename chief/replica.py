@@ -2,13 +2,13 @@
 
 `replica_step` runs the forward pass under per-(seed, step, slot) randomness with forward-pass
 assignments captured, reduces the loss as Keras does (plus `model.losses`), and returns the slot's
-loss, gradients and state deltas. `inspect_job` runs it once on a local model, eagerly and traced,
-so a job that breaks the contract is refused with one line before any step, in both engines.
+loss, gradients and state deltas. `inspect_job` runs it once on the engine's model (nothing is
+written to it) and inspects its graph, so a job that breaks the contract is refused with one line
+before any step, in both engines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,6 @@ from chief.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.gradients import replica_gradients
 from chief.jobs import Job, JobError
 from chief.losses import slot_loss
-from chief.sharding import shard_groups
 from cluster.config import TrainConfig
 
 
@@ -76,43 +75,55 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     return loss, replica_gradients(grads, variables, sparse), deltas
 
 
-def state_variables(variables: Sequence[tf.Variable], positions: tuple[int, ...], shapes: tuple) -> tuple:
-    """Among `variables` (a model's non-trainable weights, maybe split into shards across ps tasks), the
-    ones that are the local copy's non-trainable weights at `positions`; `shapes`: the full shape of each
-    local non-trainable weight (both from `inspect_job`). Variables are matched by shard group, not by
-    position; a state variable split into shards is refused (JobError, one line)."""
-    try:
-        groups = shard_groups([v.shape for v in variables], shapes)
-    except ValueError as e:
-        raise JobError(f"model_fn: the model's non-trainable variables differ between two builds ({e})") from None
-    if any(len(groups[i]) > 1 for i in positions):
+def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
+    """The model's non-trainable variables at `positions` (found by `inspect_job`, with their
+    `shapes`); a state variable sharded across ps tasks is refused."""
+    weights = model.non_trainable_weights
+    found = tuple(weights[i] for i in positions if i < len(weights))
+    if [tuple(v.shape) for v in found] != list(shapes) or any("/part_" in v.name for v in found):
         raise JobError(
             "model_fn: a non-trainable variable that the forward pass assigns is sharded across ps tasks "
             "(too large for one shard); use --ps 1, or keep such state under 256 KiB"
         )
-    return tuple(variables[groups[i][0]] for i in positions)
+    return found
 
 
-def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tuple[int, ...], tuple]:
-    """Check the job on its first slot's `batch`, on a local copy of the model; returns the positions in
-    `model.non_trainable_weights` of the variables its forward pass assigns, and the shape of each of
-    `model.non_trainable_weights` (for `state_variables`). Raises JobError (one line) for a contract the
-    engines cannot keep."""
-    from chief.export import local_model
+def run_unwrapped(function, *args):
+    """`function(*args)`; a JobError raised while tracing it (autograph wraps it in a StagingError) is
+    raised as it is, so the user sees its one line."""
+    try:
+        return function(*args)
+    except Exception as e:
+        cause, seen = e, set()
+        while cause is not None and not isinstance(cause, JobError) and id(cause) not in seen:
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        if not isinstance(cause, JobError):
+            raise
+        raise cause from None
 
-    model = local_model(job, weights, tf.nest.map_structure(lambda a: a[:1], batch[0]))
+
+def inspect_job(
+    job: Job, train: TrainConfig, batch: tuple, model: tf_keras.Model, sparse: tuple[bool, ...] | None = None
+) -> tuple[tuple[int, ...], tuple]:
+    """Check the job on its first slot's `batch` with the engine's `model` at its initial weights
+    (read where they live; nothing is written); returns the positions in `model.non_trainable_weights`
+    of the variables its forward pass assigns, and their shapes. `sparse`: the row-sparse trainable
+    variables (chief/gradients.py), whose gradients stay row slices here too (a dense gradient of a
+    table would be table-sized). Raises JobError (one line) for a contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
     candidates = tuple(model.non_trainable_weights)
-    replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate)
-    output = model(batch[0], training=False)
+    replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate, sparse)
+    # Functions, as in the closures: eagerly, a lookup of a table sharded over ps tasks reads all of it.
+    output = run_unwrapped(tf.function(lambda features: model(features, training=False)), batch[0])
     for leaf in tf.nest.flatten(output):
         if leaf.dtype.is_floating and not np.all(np.isfinite(tf.cast(leaf, tf.float32).numpy())):
             raise JobError(
                 f"model_fn: the model's output (shape {list(leaf.shape)}) on the first batch is not finite; "
                 "check the input scaling and the layers (e.g. a log or division of raw features)"
             )
-    found_touched: list[int] = []
-    replica_step(replica, batch, tf.constant(0, tf.int64), 0, touched=found_touched)
+    found_touched: list[int] = []  # filled while tracing
+    run_unwrapped(tf.function(lambda d: replica_step(replica, d, tf.constant(0, tf.int64), 0, touched=found_touched)[0]), batch)
     touched = tuple(found_touched)
     for i in touched:
         if not candidates[i].dtype.is_floating:
@@ -120,7 +131,9 @@ def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tu
                 f"model_fn: the forward pass assigns the integer variable {candidates[i].name}; pstrain "
                 "can average only floating-point state across replicas: make it float or compute it outside call()"
             )
-    traced = Replica(job, model, optimizer, tuple(candidates[i] for i in touched), train.seed, train.replicas_to_aggregate)
+    traced = Replica(
+        job, model, optimizer, tuple(candidates[i] for i in touched), train.seed, train.replicas_to_aggregate, sparse
+    )
     graph = tf.function(lambda d: replica_step(traced, d, tf.constant(0, tf.int64), 0)[0]).get_concrete_function(batch).graph
     found = unsupported_ops(graph)
     if found:
@@ -131,4 +144,4 @@ def inspect_job(job: Job, train: TrainConfig, batch: tuple, weights) -> tuple[tu
             f"model_fn: layer {layer!r} makes {kind} ({op}) in its forward pass that pstrain cannot make synchronous; "
             "use Keras's RandomGenerator (self._random_generator) for randomness and variable.assign*() for state"
         )
-    return touched, tuple(tuple(v.shape) for v in candidates)
+    return touched, tuple(tuple(candidates[i].shape) for i in touched)

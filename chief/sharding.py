@@ -2,19 +2,20 @@
 
 With more than one ps, the chief creates variables through TF's `MinSizePartitioner`, so a large
 variable becomes shards along axis 0 (`kernel/part_0`, `kernel/part_1`, …) on different ps tasks,
-and Keras lists the shards in place of the variable. The initial weights, the checkpoint mirror and
-the exported model are full-size; these helpers move values between the two layouts.
+and Keras lists the shards in place of the variable. The checkpoint mirror (and with it checkpoints
+and the exported model) is full-size; these helpers move values between the two layouts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import tensorflow as tf
 
 # Shards of at least this many bytes, at most one per ps: small variables (biases) stay whole.
 MIN_SHARD_BYTES = 256 << 10
+# The most bytes `copy_rows` moves at once.
+CHUNK_BYTES = 16 << 20
 
 
 def partitioner(num_ps: int):
@@ -56,23 +57,38 @@ def read_full(shards: Sequence[tf.Variable]) -> tf.Tensor:
     return values[0] if len(values) == 1 else tf.concat(values, axis=0)
 
 
-def assign_full(shards: Sequence[tf.Variable], value) -> None:
-    """Give shards the rows of the full `value` that each holds."""
-    if len(shards) == 1:
-        shards[0].assign(value)
+def copy_rows(sources: Sequence[tf.Variable], targets: Sequence[tf.Variable], chunk_bytes: int = CHUNK_BYTES) -> None:
+    """Copy the value that `sources` stack into (along axis 0) into `targets`, another split of the same
+    rows (shards into one full-size variable, or back). Chunks of at most `chunk_bytes` are gathered
+    where their source lives and scattered where their target lives, so no full-size value exists
+    anywhere in between. (A dense write of part of a variable would read all of it first.)"""
+    if len(sources) == 1 and len(targets) == 1 and _bytes(sources[0]) <= chunk_bytes:
+        targets[0].assign(sources[0].read_value())  # small or scalar: in one piece
         return
-    value, offset = np.asarray(value), 0
-    for shard in shards:
-        rows = shard.shape[0]
-        shard.assign(value[offset : offset + rows])
-        offset += rows
+    row_bytes = max(1, _bytes(sources[0]) // max(1, sources[0].shape[0]))
+    step = max(1, chunk_bytes // row_bytes)
+    src_starts, dst_starts = _starts(sources), _starts(targets)
+    for source, s0 in zip(sources, src_starts, strict=True):
+        for target, t0 in zip(targets, dst_starts, strict=True):
+            low, high = max(s0, t0), min(s0 + source.shape[0], t0 + target.shape[0])
+            for a in range(low, high, step):
+                b = min(a + step, high)
+                with tf.device(source.device):
+                    values = source.sparse_read(tf.range(a - s0, b - s0))
+                target.scatter_update(tf.IndexedSlices(values, tf.range(a - t0, b - t0)))
 
 
-def assign_weights(variables: Sequence[tf.Variable], weights: Sequence[np.ndarray]) -> None:
-    """`model.set_weights` that also works when `variables` are shards of the full `weights`."""
-    groups = shard_groups([v.shape for v in variables], [w.shape for w in weights])
-    for group, value in zip(groups, weights, strict=True):
-        assign_full([variables[i] for i in group], value)
+def _bytes(variable: tf.Variable) -> int:
+    return variable.shape.num_elements() * variable.dtype.size
+
+
+def _starts(variables: Sequence[tf.Variable]) -> list[int]:
+    """The first row of each variable in the value they stack into."""
+    starts, row = [], 0
+    for v in variables:
+        starts.append(row)
+        row += v.shape[0]
+    return starts
 
 
 def placement_summary(variables: Sequence[tf.Variable]) -> str:

@@ -27,10 +27,9 @@ import tensorflow as tf
 from chief.checkpoints import Checkpoints
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
 from chief.eval_set import EvalSet, eval_set
-from chief.export import evaluate, export_saved_model, local_model
+from chief.export import evaluate, export_saved_model
 from chief.jobs import Job, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
-from chief.model_state import initial_weights
 from chief.sharding import placement_summary
 from chief.sources import explain_worker_error, train_source
 from cluster.config import TrainConfig
@@ -70,7 +69,7 @@ class TrainingRun:
     progress: Progress
     agent: Agent | None
     eval_set: EvalSet  # read in batches from this machine's copy (chief/eval_set.py)
-    sample: object  # the first training example's features: how a local model is built
+    sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
     started: float = field(default_factory=time.monotonic)
     stale_total: int = 0
@@ -78,17 +77,16 @@ class TrainingRun:
 
     @classmethod
     def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
-        """Load the job, build the engine from the seed's initial weights, restore the latest checkpoint."""
+        """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         job = load_job(train.job)
         source = train_source(job, run_dir)  # built again on each worker from its own files
         evaluation = eval_set(job, lambda n: source.read_local(np.arange(min(source.num_examples, n))))
         sample = tf.nest.map_structure(np.asarray, source.read_local(np.zeros(1, np.int64))[0])
-        weights = initial_weights(job, train.seed, sample)
-        engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, weights, sample)
+        engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(engine.state.model.weights))
-        checkpoints = Checkpoints(engine.state, job, weights, sample, run_dir / "checkpoints", local=standalone)
+        checkpoints = Checkpoints(engine.state, job, sample, run_dir / "checkpoints", local=standalone)
         first = checkpoints.restore_latest()
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
@@ -160,13 +158,13 @@ class TrainingRun:
             self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
     def maybe_evaluate(self, done: int) -> None:
-        """Every `eval_every` steps: evaluate the model after `done` steps on a local copy (training
-        waits as long as this takes) and write an eval line."""
+        """Every `eval_every` steps: evaluate the model after `done` steps on the checkpoint mirror, a local
+        copy (training waits as long as this takes), and write an eval line."""
         every = self.train.eval_every
         if not every or done % every:
             return
         self.checkpoints.sync()
-        scores = evaluate(self.job, local_model(self.job, self.checkpoints.weights(), self.sample), self.eval_set)
+        scores = evaluate(self.job, self.checkpoints.model(), self.eval_set)
         self.metrics.write({"event": "eval", "step": done, **scores})
         log.info("eval at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
 
@@ -185,15 +183,22 @@ class TrainingRun:
         wall = time.monotonic() - self.started
         if self.first_step < self.train.steps:
             self.checkpoints.save(self.train.steps)
-        final = local_model(self.job, self.checkpoints.weights(), self.sample)
+        final = self.checkpoints.model()  # the weights just saved (or restored), in the mirror
         scores = evaluate(self.job, final, self.eval_set)
         export_saved_model(final, self.sample, self.run_dir / "saved_model")
         done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
-        self.metrics.write({**done, "wall_seconds": round(wall, 3)})
+        self.metrics.write({**done, "wall_seconds": round(wall, 3), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()
         summary = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
         self.progress.message(f"pstrain: done in {wall:.1f}s; {summary}; saved model in {self.run_dir / 'saved_model'}")
         return EXIT_OK
+
+
+def peak_rss_mib() -> int:
+    """This process's peak resident memory so far, in MiB (the kernel's high-water mark)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
 
 
 def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:

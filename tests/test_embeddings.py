@@ -31,3 +31,25 @@ def test_sharded_embedding_tables_train_as_the_standalone_run(tmp_path):
         predictions(tmp_path / "cluster", features), predictions(tmp_path / "standalone", features), atol=1e-4
     )
     assert_no_orphans(cluster)
+
+
+def test_the_chief_holds_one_copy_of_a_large_table_at_most(tmp_path):
+    """The chief's peak resident memory (the done line's `peak_rss_mib`, the kernel's high-water mark)
+    with a 488 MiB table minus that with a 250 KiB one, same data and steps: one full copy (the
+    checkpoint mirror, for the final checkpoint and the export) and chunks, not the several copies of
+    building the initial weights on the chief (~4-5 tables before). Fresh on 2 ps (the table sharded),
+    then resumed on 1 ps from that checkpoint (the restore path)."""
+    from tests.jobs.tables import big
+
+    def peak(job: str, run_dir, ps: int, steps: int) -> int:
+        common = ["--steps", str(steps), "--checkpoint-every", "0", "--global-batch-size", "32", "--workers", "1"]
+        result = run_pstrain(["launch", "--job", f"tests.jobs.tables:{job}", *common, "--ps", str(ps), "--run-dir", str(run_dir)])
+        assert result.returncode == 0, result.output
+        return metrics(run_dir)[1]["peak_rss_mib"]
+
+    table_mib = big.table_bytes / 2**20
+    baseline = peak("tiny", tmp_path / "tiny", ps=2, steps=3)
+    fresh = peak("big", tmp_path / "big", ps=2, steps=3)
+    resumed = peak("big", tmp_path / "big", ps=1, steps=6)
+    for what, mib in (("fresh", fresh), ("resumed", resumed)):
+        assert 0.5 * table_mib < mib - baseline < 2.0 * table_mib, (what, mib, baseline, table_mib)

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.jobs import JobError
-from chief.replica import state_variables
-from chief.sharding import assign_full, assign_weights, read_full, shard_groups
+from chief.sharding import copy_rows, read_full, shard_groups
 
 
 def test_whole_variables_match_one_to_one():
@@ -37,38 +35,23 @@ def test_mismatched_layouts_are_refused(shards, full):
         shard_groups(shards, full)
 
 
-def test_values_round_trip_through_shards():
+def test_values_round_trip_through_shards_in_chunks():
+    """Chunks smaller than a shard, and shards that straddle chunk and shard boundaries of the other side."""
     value = np.arange(30, dtype=np.float32).reshape(10, 3)
+    full = tf.Variable(value)
     shards = [tf.Variable(tf.zeros((4, 3))), tf.Variable(tf.zeros((6, 3)))]
-    assign_full(shards, value)
+    copy_rows([full], shards, chunk_bytes=2 * 3 * 4 + 4)  # 2 rows per chunk
     np.testing.assert_array_equal(shards[0].numpy(), value[:4])
     np.testing.assert_array_equal(read_full(shards).numpy(), value)
+    other = [tf.Variable(tf.zeros((3, 3))), tf.Variable(tf.zeros((3, 3))), tf.Variable(tf.zeros((4, 3)))]
+    copy_rows(shards, other, chunk_bytes=12)  # 1 row per chunk
+    np.testing.assert_array_equal(read_full(other).numpy(), value)
+    back = tf.Variable(tf.zeros((10, 3)))
+    copy_rows(other, [back])
+    np.testing.assert_array_equal(back.numpy(), value)
 
 
-def test_assign_weights_spreads_full_weights_over_shards():
-    weights = [np.ones((6, 2), np.float32), np.full((2,), 7.0, np.float32)]
-    variables = [tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros((3, 2))), tf.Variable(tf.zeros((2,)))]
-    assign_weights(variables, weights)
-    assert [v.numpy().tolist() for v in variables] == [[[1, 1]] * 3, [[1, 1]] * 3, [7, 7]]
-
-
-def test_state_variables_are_found_by_shard_group_not_by_position():
-    """A frozen table split in two before a (2, 2) statistic: position 1 of the local copy is the
-    statistic, while position 1 among the shards is the table's second shard, of the same shape."""
-    part_0, part_1, statistic = tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.ones((2, 2)))
-    assert state_variables([part_0, part_1, statistic], (1,), [(4, 2), (2, 2)]) == (statistic,)
-    assert state_variables([part_0, part_1, statistic], (), [(4, 2), (2, 2)]) == ()
-
-
-@pytest.mark.parametrize(
-    "shapes, message",
-    [
-        ([(4, 2), (2, 2)], "is sharded across ps tasks"),  # the assigned variable is the split one
-        ([(4, 2)], "differ between two builds"),  # the local copy has other variables
-    ],
-)
-def test_state_variables_refuse_split_or_unmatched_state(shapes, message):
-    variables = [tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros((2, 2)))]
-    with pytest.raises(JobError, match=message) as error:
-        state_variables(variables, (0,), shapes)
-    assert "\n" not in str(error.value)
+def test_small_and_scalar_variables_are_copied_whole():
+    step, copy = tf.Variable(7, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
+    copy_rows([step], [copy])
+    assert int(copy.numpy()) == 7

@@ -128,12 +128,15 @@ def peer_pstrain(
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})})
     if run.returncode:
         raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
-    steps_ = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_ = [r for r in records if "step" in r and "event" not in r]
+    done = next(r for r in records if r.get("event") == "done")
     measured = steps_[3:]
     result = {
         "step_s": statistics.median(r["seconds"] for r in measured),
         "startup_s": steps_[0]["time"] - t_launch,
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
+        "chief_peak_rss_mib": done.get("peak_rss_mib"),  # the chief's high-water mark, final checkpoint and export included
     }
     if "read_ahead" in measured[0]:  # the share of applied gradients whose examples were read ahead
         result["read_ahead"] = sum(r["read_ahead"] for r in measured) / sum(r["aggregated"] for r in measured)

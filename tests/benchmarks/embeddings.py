@@ -297,7 +297,9 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
         f"\npstrain step {base * 1000:.1f} ms (schedule {timing['schedule'] * 1000:.1f}, first gradient "
         f"{timing['first_gradient'] * 1000:.1f}, wait for the N-th {timing['wait_for_n'] * 1000:.1f}, apply "
         f"{timing['apply'] * 1000:.1f}); {transfer['rows_per_slot']:,} rows touched per slot; bytes moved per step "
-        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; transfer limit {med['transfer'] * 1000:.1f} ms"
+        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; transfer limit {med['transfer'] * 1000:.1f} ms; "
+        f"pstrain chief peak RSS {max(r['chief_peak_rss_mib'] for r in runs['pstrain']):,} MiB "
+        f"(table {ROWS[size] * DIM * 4 / 2**20:,.0f} MiB)"
     )
     return "\n".join(lines)
 

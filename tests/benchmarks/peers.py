@@ -232,7 +232,6 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
     from chief.engines import ClusterEngine
     from chief.gradients import replica_gradients
     from chief.jobs import load_job
-    from chief.model_state import initial_weights
     from chief.sources import train_source
     from cluster.config import TrainConfig
     from tests.benchmarks.jobs import JOBS
@@ -243,7 +242,7 @@ def breakdown(size: str, global_batch: int, steps: int) -> None:
     sample = source.read_local(np.zeros(1, np.int64))[0].numpy()
     workers = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().num_tasks("worker")
     train = TrainConfig(job=JOBS[size], global_batch_size=global_batch, replicas_to_aggregate=workers, total_num_replicas=workers)
-    engine = ClusterEngine(job, train, source, initial_weights(job, 0, sample), sample)
+    engine = ClusterEngine(job, train, source, sample)
     engine.prepare(0)
     model, strategy, global_step = engine.state.model, engine.strategy, engine.state.global_step
 

@@ -1,0 +1,201 @@
+"""Initial values computed where each variable lives, identical to the one-process build.
+
+Every topology builds the job's model right after `tf_keras.utils.set_random_seed(seed)`. tf_keras's
+random initializers are stateless: each draws its seed from Keras's seed generator the first time it
+is called (at variable creation, so in the same order in every build), and its value then depends
+only on (shape, dtype, seed). Computed on a ps, it is the value a local build gets.
+
+Under ParameterServerStrategy with a partitioner TF asks an initializer for each shard's own value
+(`partition_shape`, `partition_offset`): a Keras initializer then folds the offset into its seed
+and computes fans from the shard's shape, so the shards would not be the rows of the whole table,
+and the initial weights would depend on the number of ps. `full_rows_initializers` gives every
+shard exactly its rows of the full value instead, computed
+
+- on the shard's ps, for a variable of at least `min_bytes` whose initializer is one of tf_keras's
+  own (stateless random ones, zeros, ones, a scalar constant): nothing of it passes through the
+  chief. The variable is created unfilled (`tf.raw_ops.Empty`: its pages are never touched), then
+  each shard is assigned its rows in a function on its ps, right after the creation (so the
+  initializer draws its seed in creation order). In a function the initializer's temporaries share
+  one buffer, which the assign copies into the variable: while a shard is filled its ps holds the
+  full value once beside the shard, where eagerly the draw, its scaling and its shift would each
+  take a full-size tensor;
+- on the chief, sent to the ps, for every other variable: small ones, and one whose initializer
+  pstrain cannot reproduce on another device (a plain function, TF's stateful random ops, NumPy,
+  an array constant); a large one of those is logged, since the chief then holds its value at
+  start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from tf_keras.src.initializers import initializers as keras_initializers
+
+log = logging.getLogger("pstrain.chief")
+
+# Variables at least this large (with a tf_keras initializer) get their initial value on their ps.
+PS_INIT_MIN_BYTES = 1 << 20
+
+# tf_keras's own initializer classes (Zeros, Constant, RandomUniform, VarianceScaling and its
+# Glorot/He/LeCun subclasses, Orthogonal, Identity, ...): deterministic given (shape, dtype, seed).
+KERAS_INITIALIZERS = frozenset(
+    cls
+    for cls in vars(keras_initializers).values()
+    if isinstance(cls, type) and issubclass(cls, keras_initializers.Initializer) and cls is not keras_initializers.Initializer
+)
+
+
+def keras_initializer(initial_value) -> object | None:
+    """The tf_keras initializer behind a variable's `initial_value` (tf_keras passes
+    `functools.partial(initializer, shape, dtype=...)`), or None for anything else."""
+    if isinstance(initial_value, functools.partial) and isinstance(initial_value.func, keras_initializers.Initializer):
+        return initial_value.func
+    return None
+
+
+def reproducible_on_ps(initial_value) -> bool:
+    """Whether computing `initial_value()` on another device gives the value a local build gets: one of
+    tf_keras's own initializers, with a stateless generator if it draws random numbers (the
+    subclasses a job defines may override `__call__`, so only the exact classes count), a constant
+    only if it is a scalar."""
+    initializer = keras_initializer(initial_value)
+    if initializer is None or type(initializer) not in KERAS_INITIALIZERS:
+        return False
+    if isinstance(initializer, keras_initializers.Constant) and np.size(initializer.value) != 1:
+        return False  # an array: it is in this process already (and would not fit in a function's graph)
+    generator = getattr(initializer, "_random_generator", None)
+    return generator is None or getattr(generator, "_rng_type", None) == "stateless"
+
+
+class RowsOnChief:
+    """A variable's initial value for TF's partitioned creation, computed on the chief (once, kept
+    until its last rows are taken): the whole value when called without partition arguments, else
+    the rows [offset, offset + rows) of the whole value."""
+
+    def __init__(self, compute):
+        self.compute = compute
+        self._full: tf.Tensor | None = None
+
+    def __call__(self, partition_shape=None, partition_offset=None) -> tf.Tensor:
+        with tf.device(None):  # this process's CPU, whatever ps the variable is being created on
+            full = self._full if self._full is not None else self.compute()
+            if partition_offset is None:
+                return full
+            start, stop = partition_offset[0], partition_offset[0] + partition_shape[0]
+            self._full = None if stop >= full.shape[0] else full
+            return full[start:stop]
+
+
+def unfilled(shape, dtype):
+    """An initial value of `shape` and `dtype` (or the partition's shape) with unspecified contents,
+    made where the variable is created: memory a buffer's pages take only once they are written."""
+    shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
+
+    def value(partition_shape=None, partition_offset=None) -> tf.Tensor:
+        return tf.raw_ops.Empty(shape=list(partition_shape or shape.as_list()), dtype=dtype, init=False)
+
+    return value
+
+
+def fill_on_ps(variable, compute) -> None:
+    """Assign every shard of `variable` (one, or a ShardedVariable's) its rows of `compute()`, each in a
+    function on the shard's own device."""
+    shards = list(getattr(variable, "variables", [variable]))
+    start = 0
+    for shard in shards:
+        stop = start + (shard.shape[0] if shard.shape.rank else 0)
+
+        def fill(shard=shard, start=start, stop=stop):
+            full = compute()
+            shard.assign(full if len(shards) == 1 else full[start:stop])
+
+        with tf.device(shard.device), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The initializer .* is unseeded")  # called once per shard
+            tf.function(fill, autograph=False)()
+        start = stop
+
+
+def variable_bytes(shape, dtype) -> int | None:
+    """Bytes of a variable of `shape` and `dtype`; None when either is not fully known."""
+    if shape is None or dtype is None:
+        return None
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        return None
+    return shape.num_elements() * tf.as_dtype(dtype).size
+
+
+@contextlib.contextmanager
+def full_rows_initializers(min_bytes: int = PS_INIT_MIN_BYTES) -> Iterator[dict[str, str]]:
+    """Within the block (entered inside a ParameterServerStrategy scope), variables created with a
+    callable initial value of known shape take the rows of the full value (see the module
+    docstring). Yields {variable name: "ps" or "chief"}: where each value was computed."""
+    where: dict[str, str] = {}
+
+    def creator(next_creator, **kwargs):
+        value = kwargs.get("initial_value")
+        size = variable_bytes(kwargs.get("shape"), kwargs.get("dtype"))
+        if not callable(value) or size is None:
+            return next_creator(**kwargs)
+        large = size >= min_bytes
+        on_ps = large and reproducible_on_ps(value)
+        name = kwargs.get("name") or "variable"
+        if large and not on_ps:
+            what = type(keras_initializer(value) or getattr(value, "func", value)).__name__
+            log.info(
+                "initial value of %s (%.1f MiB) computed on the chief: its initializer (%s) is not one that pstrain "
+                "computes on the ps (tf_keras's own stateless ones)",
+                name,
+                size / 2**20,
+                what,
+            )
+        kwargs["initial_value"] = unfilled(kwargs["shape"], kwargs["dtype"]) if on_ps else RowsOnChief(value)
+        variable = next_creator(**kwargs)
+        if on_ps:
+            fill_on_ps(variable, value)
+        first = getattr(variable, "variables", [variable])[0]  # a ShardedVariable's first shard
+        where[first.name.split("/part_")[0].split(":")[0]] = "ps" if on_ps else "chief"
+        return variable
+
+    with tf.variable_creator_scope(creator):
+        yield where
+
+
+@contextlib.contextmanager
+def unfilled_initializers() -> Iterator[None]:
+    """Within the block, variables created with a callable initial value of known shape start with
+    unspecified values (`tf.raw_ops.Empty`), their initializers never called: for a copy whose every
+    value is written before it is read. Pages of a new buffer become resident only when written, so
+    such a variable costs no memory until then."""
+
+    def creator(next_creator, **kwargs):
+        shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
+        if callable(kwargs.get("initial_value")) and variable_bytes(shape, dtype) is not None:
+            kwargs["initial_value"] = unfilled(shape, dtype)
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+def build_layers(model: tf_keras.Model, sample) -> None:
+    """Create every variable of `model` (its layers build at their first call) by tracing a call on
+    `sample`, not running it: eagerly, an embedding lookup of a table sharded over ps tasks reads the
+    whole table to this process (TF dispatches it to the shards only in graphs)."""
+    tf.function(lambda features: model(features, training=False)).get_concrete_function(sample)
+
+
+def seeded_build(job_model_fn, seed: int, sample) -> tf_keras.Model:
+    """The job's model with all its variables, built right after seeding: the draws of its
+    initializers are the same in every topology."""
+    tf_keras.utils.set_random_seed(seed)
+    model = job_model_fn()
+    build_layers(model, sample)
+    return model
