@@ -57,7 +57,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
         if job.train_data:
             return rows(checked_arrays(job.spec, "train_data", job.train_data()), slice(0, n))
         source = train_source(job, run_dir / "data")  # only train_data() arrays would be written there
-        return source.read_local(np.arange(min(source.num_examples, n)))
+        return source.first(n)
 
     data = eval_set(job, first_training_examples)
     sample = tf.nest.map_structure(np.asarray, next(data.batches(1))[0])

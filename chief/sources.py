@@ -78,12 +78,16 @@ class Source(ABC):
     def _read(self, handle: Nest, indices: tf.Tensor) -> Nest:
         """TF ops: the examples at `indices` from what `_build` made."""
 
+    def first(self, n: int) -> Nest:
+        """The first (up to) `n` examples, read in this process."""
+        return self.read_local(np.arange(min(self.num_examples, n)))
+
     def fingerprint(self) -> Fingerprint:
         """The chief's expectation, from its own view of the data (touches only the sampled examples)."""
         batch = self.read_local(sample_positions(self.num_examples))
         return Fingerprint(self.num_examples, int(digest(batch).numpy()))
 
-    reads_ahead = False  # whether `dataset_fn` takes a ReadAhead (a gather from memory needs none)
+    reads_ahead = False  # whether `dataset_fn` uses a ReadAhead (a gather from memory needs none: it is ignored)
 
     def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
         """Per-worker dataset: one element ((cardinality, digest), handle), repeated.

@@ -80,8 +80,8 @@ class TrainingRun:
         """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         job = load_job(train.job)
         source = train_source(job, run_dir)  # built again on each worker from its own files
-        evaluation = eval_set(job, lambda n: source.read_local(np.arange(min(source.num_examples, n))))
-        sample = tf.nest.map_structure(np.asarray, source.read_local(np.zeros(1, np.int64))[0])
+        evaluation = eval_set(job, source.first)
+        sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
         engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
         agent = None if standalone else start_agent(stop)
         if not standalone:
