@@ -31,13 +31,25 @@ import tensorflow as tf
 class SyncReplicasAggregator:
     """Accumulators for `total_slots` gradients per step, of which `required` are applied."""
 
-    def __init__(self, variables, required: int, total_slots: int, start_step: int, sparse: Sequence[bool] | None = None):
+    def __init__(
+        self,
+        variables,
+        required: int,
+        total_slots: int,
+        start_step: int,
+        sparse: Sequence[bool] | None = None,
+        arrivals_device: str | None = None,
+    ):
+        """`arrivals_device`: where the queue of arrived slots lives (with backup slots: the apply takes
+        the first `required` slots of a step from it); default the first variable's device."""
         self.variables = list(variables)
         self.required = required
         self.total_slots = total_slots
         self.sparse = list(sparse) if sparse is not None else [False] * len(self.variables)
         tag = uuid.uuid4().hex[:8]  # fresh accumulators for every chief incarnation
         self.names = [[f"pstrain_{tag}_slot{slot}_var{i}" for i in range(len(self.variables))] for slot in range(total_slots)]
+        self.arrivals_name = f"pstrain_{tag}_arrivals"
+        self.arrivals_device = arrivals_device or self.variables[0].device
         self.accumulators: list[list[tf.Tensor | None]] = [
             [None if self.sparse[i] else self._create(v, self.names[slot][i], start_step) for i, v in enumerate(self.variables)]
             for slot in range(total_slots)
@@ -76,12 +88,13 @@ class SyncReplicasAggregator:
     def push(self, slot: int, step: tf.Tensor, grads: list) -> list[tf.Operation]:
         """Worker side (inside a traced closure): hand this slot's gradients to the ps.
 
-        Returns the sparse pushes; the closure's result must depend on them (`tf.control_dependencies`).
+        Returns the pushes; the closure's result must depend on them (`tf.control_dependencies`): TF
+        does not mark sparse pushes stateful, so untied they would be pruned.
         """
         pushes = []
         for i, (handle, grad) in enumerate(zip(self.accumulators[slot], grads, strict=True)):
             if not self.sparse[i]:
-                tf.raw_ops.ResourceAccumulatorApplyGradient(handle=handle, local_step=step, gradient=grad)
+                pushes.append(tf.raw_ops.ResourceAccumulatorApplyGradient(handle=handle, local_step=step, gradient=grad))
                 continue
             pushes.append(
                 tf.raw_ops.SparseAccumulatorApplyGradient(
@@ -94,6 +107,71 @@ class SyncReplicasAggregator:
                 )
             )
         return pushes
+
+    def _arrivals(self) -> tf.Tensor:
+        return tf.raw_ops.FIFOQueueV2(
+            component_types=[tf.int64] * 3, shapes=[[], [], []], capacity=-1, shared_name=self.arrivals_name
+        )
+
+    def arrive(self, slot: int, step: tf.Tensor, worker: tf.Tensor, pushes: list[tf.Operation]) -> tf.Operation:
+        """Worker side, with backup slots: once `pushes` are done, say that `worker` pushed `slot` of `step`."""
+        with tf.device(self.arrivals_device), tf.control_dependencies(pushes):
+            arrival = [step, tf.constant(slot, tf.int64), tf.cast(worker, tf.int64)]
+            return tf.raw_ops.QueueEnqueueV2(handle=self._arrivals(), components=arrival)
+
+    def choose(self, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Apply side: the first `required` distinct slots that pushed `step` ([total_slots] bool), the
+        worker of each chosen slot ([total_slots] int64, -1 elsewhere), and how many arrivals of earlier
+        steps were passed over (late gradients, dropped by their accumulators). Blocks until then.
+        Without backup slots every slot is chosen, nothing waits here (the takes do) and no worker is known."""
+        unknown = tf.fill([self.total_slots], tf.constant(-1, tf.int64))
+        if self.required == self.total_slots:
+            return tf.ones([self.total_slots], tf.bool), unknown, tf.constant(0, tf.int64)
+        with tf.device(self.arrivals_device):
+
+            def body(chosen, workers, count, late):
+                arrival = tf.raw_ops.QueueDequeueV2(handle=self._arrivals(), component_types=[tf.int64] * 3)
+                got, slot, worker = (tf.reshape(value, []) for value in arrival)
+                new = tf.logical_and(tf.equal(got, step), tf.logical_not(tf.gather(chosen, slot)))
+                mark = tf.logical_and(new, tf.one_hot(slot, self.total_slots, True, False))
+                workers = tf.where(mark, worker, workers)
+                return tf.logical_or(chosen, mark), workers, count + tf.cast(new, tf.int64), late + tf.cast(got < step, tf.int64)
+
+            chosen, workers, _, late = tf.while_loop(
+                lambda _, __, count, ___: count < self.required,
+                body,
+                (tf.zeros([self.total_slots], tf.bool), unknown, tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
+                parallel_iterations=1,
+            )
+            return chosen, workers, late
+
+    def pending_arrivals(self) -> tf.Tensor:
+        """Arrivals not yet passed over by `choose` (late gradients of the last step, at the end of a run)."""
+        if self.required == self.total_slots:
+            return tf.constant(0, tf.int32)
+        with tf.device(self.arrivals_device):
+            return tf.raw_ops.QueueSizeV2(handle=self._arrivals())
+
+    def unblock(self, step: tf.Tensor) -> tf.Tensor:
+        """Chief side, to interrupt an apply waiting for `step`: an empty gradient in every slot (and an
+        arrival of each), so its takes return. The step must then not be applied: its means are wrong."""
+        pushes = []
+        for slot in range(self.total_slots):
+            grads = []
+            for variable, rows in zip(self.variables, self.sparse, strict=True):
+                with tf.device(variable.device):
+                    dtype = variable.dtype.base_dtype
+                    if rows:
+                        empty = tf.zeros([0, *variable.shape[1:]], dtype)
+                        grads.append(tf.IndexedSlices(empty, tf.zeros([0], tf.int64), tf.constant(variable.shape.as_list(), tf.int64)))
+                    else:
+                        grads.append(tf.zeros(variable.shape, dtype))
+            slot_pushes = self.push(slot, step, grads)
+            if self.required < self.total_slots:
+                slot_pushes = [self.arrive(slot, step, tf.constant(-1, tf.int64), slot_pushes)]
+            pushes.extend(slot_pushes)
+        with tf.control_dependencies(pushes):
+            return tf.constant(0)
 
     def take_mean(self, step: tf.Tensor, chosen: tf.Tensor) -> list:
         """Chief side (inside a traced function): the mean gradient of the `chosen` slots.

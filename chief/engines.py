@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from chief.aggregator import SyncReplicasAggregator
 from chief.data import slot_indices
-from chief.gradients import mean_of_slots, sparse_variables
+from chief.gate import ABORT, StepGate
+from chief.gradients import all_finite, mean_of_slots, sparse_variables
 from chief.initial_values import PS_INIT_MIN_BYTES
 from chief.jobs import Job
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
@@ -83,39 +84,33 @@ def first_batch(source: Source, train: TrainConfig):
     return source.read_local(slot_positions(train, source.num_examples, 0, 0))
 
 
-class StepInterrupted(Exception):
-    """A stop was requested while the step waited for gradients; nothing of the step was applied."""
-
-    def __init__(self, step: int):
-        super().__init__(f"interrupted during step {step}")
-        self.step = step
-
-
 @dataclass
 class StepResult:
-    loss: float
+    loss: float  # the mean of the applied slots' losses
     aggregated: int  # gradients averaged into this step
-    stale_dropped: int  # surplus gradients (backup replicas) dropped since the previous step
+    stale_dropped: int  # gradients computed for an earlier step but pushed after it was applied (backup replicas)
     workers: list[int] = field(default_factory=list)  # workers whose gradients were applied
-    timing: dict[str, float] = field(default_factory=dict)  # seconds per phase of the step
-    applied: bool = True  # False when the loss was not finite: the update was withheld
+    timing: dict[str, float] = field(default_factory=dict)  # seconds per phase of the step's block
+    applied: bool = True  # False: a value was not finite, the update was withheld (see `nonfinite`)
+    nonfinite: str | None = None  # the first of "loss" and the variables whose mean was not finite
     read_ahead: int | None = None  # applied gradients whose examples were read ahead (None: no read-ahead)
 
 
 class Engine(Protocol):
     """How the training loop drives one way of running synchronous steps.
 
-    Calls go in this order: construct -> `prepare(first_step)` once -> `step(k)` for k = first_step,
-    first_step + 1, ... -> `close()` once. `state` (model, optimizer, global step) exists from
+    Calls go in this order: construct -> `prepare(first_step)` once -> `run(first, count)` for
+    consecutive blocks of steps -> `close()` once. `state` (model, optimizer, global step) exists from
     construction on, so a checkpoint can be restored into it before `prepare`.
 
-    After `step(k)` returns, step k was applied exactly once from `replicas_to_aggregate` gradients
-    (or, with `applied=False`, withheld because its loss was not finite: no variable changed, but
-    the chosen slots' gradients stay in the accumulators, so the caller must not step past it: it
-    checkpoints and stops). After it
-    raises `StepInterrupted`, nothing of step k was applied and the state is that after step k-1, so a
-    checkpoint taken then resumes exactly. After any other exception the engine is unusable: the
-    caller reports the error and exits, and a restarted chief resumes from the latest checkpoint.
+    `run(first, count)` returns one result per step it got to, in order. Each applied step was
+    applied exactly once from `replicas_to_aggregate` gradients. A step whose loss, mean gradient or
+    mean state delta was not finite is withheld (`applied=False`, no variable changed): with
+    `on_nonfinite = "stop"` it is the last result; with "skip" the block goes on past it. Fewer
+    results than `count` without a withheld step means `interrupted()` turned true: the steps not
+    returned were not applied, so a checkpoint taken then resumes exactly. After an exception the
+    engine is unusable: the caller reports the error and exits, and a restarted chief resumes from
+    the latest checkpoint.
     """
 
     state: ModelState
@@ -123,19 +118,24 @@ class Engine(Protocol):
     def prepare(self, first_step: int) -> None:
         """Set up what depends on where the run starts (accumulators at `first_step`, per-worker data)."""
 
-    def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
-        """Run step `step`. `interrupted` is polled while waiting for gradients; when it turns true the
-        step is abandoned with StepInterrupted. An engine that never waits may ignore it."""
+    def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
+        """Run steps first..first+count-1. `interrupted` is polled while the steps run; when it turns
+        true the engine stops at the next step boundary. An engine that never waits may ignore it."""
 
     def close(self) -> int:
-        """End the run; returns how many more surplus (backup) gradients were dropped since the last step."""
+        """End the run; returns how many more late (backup) gradients were dropped since the last step."""
+
+
+def first_nonfinite(finite: Sequence[bool], names: Sequence[str]) -> str | None:
+    """The name of the first value that was not finite (`finite` and `names` in the same order), or None."""
+    return next((name for ok, name in zip(finite, names, strict=True) if not ok), None)
 
 
 class LocalEngine:
     """One process, no cluster: the reference every cluster run must match.
 
-    Fulfils `Engine`: nothing to prepare (the whole step is one traced function), `step` never waits
-    so it ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
+    Fulfils `Engine`: nothing to prepare (each step is one traced function), `run` never waits so it
+    ignores `interrupted`, and there are no backup gradients to drop, so `close` returns 0.
     """
 
     def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
@@ -145,6 +145,7 @@ class LocalEngine:
         self.state = build_state(job, train.seed, sample)
         self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
+        self.names = value_names(self.replica)
         self._step_fn = self._build_step()
 
     def prepare(self, start_step: int) -> None:
@@ -152,43 +153,62 @@ class LocalEngine:
 
     def _build_step(self):
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
-        slots = self.train.replicas_to_aggregate
+        slots, skip = self.train.replicas_to_aggregate, self.train.on_nonfinite == "skip"
 
         @tf.function
         def step_fn(step, batches):
             variables = replica.model.trainable_variables
-            per_slot, losses = [], []
+            per_slot = []
             for k in range(slots):  # each slot from the same starting state, as on the cluster
                 loss, grads, deltas = replica_step(replica, batches[k], step, k)
-                per_slot.append(grads + deltas)
-                losses.append(loss)
-            mean = mean_of_slots(per_slot, slots)
-            loss = tf.add_n(losses) / slots
+                per_slot.append([loss, *grads, *deltas])
+            means = mean_of_slots(per_slot, slots)  # in slot order, as the cluster's apply adds them
+            finite = all_finite(means)
 
             def apply():
-                apply_step(optimizer, variables, replica.state_variables, mean)
-                global_step.assign(step + 1)
+                apply_step(optimizer, variables, replica.state_variables, means[1:])
                 return tf.constant(True)
 
-            applied = tf.cond(tf.math.is_finite(loss), apply, lambda: tf.constant(False))
-            return loss, applied
+            applied = tf.cond(tf.reduce_all(finite), apply, lambda: tf.constant(False))
+            if skip:
+                global_step.assign(step + 1)
+            else:
+                global_step.assign(tf.where(applied, step + 1, step))
+            return means[0], applied, finite
 
         return step_fn
 
-    def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
-        t = self.train
-        # The same source and positions as the workers read: per slot a (features, labels[, weights]) nest.
-        positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
-        batches = [self.source.read_local(p) for p in positions]
-        loss, applied = self._step_fn(tf.constant(step, tf.int64), batches)
-        return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
+    def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
+        t, results = self.train, []
+        for step in range(first, first + count):
+            # The same source and positions as the workers read: per slot a (features, labels[, weights]) nest.
+            positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
+            batches = [self.source.read_local(p) for p in positions]
+            loss, applied, finite = self._step_fn(tf.constant(step, tf.int64), batches)
+            bad = first_nonfinite(finite.numpy().tolist(), self.names)
+            results.append(StepResult(float(loss), t.replicas_to_aggregate, 0, applied=bool(applied), nonfinite=bad))
+            if bad and t.on_nonfinite == "stop":
+                break
+        return results
 
     def close(self) -> int:
         return 0
 
 
+def value_names(replica: Replica) -> list[str]:
+    """What a step averages, in order: the loss, each trainable variable, each state variable."""
+    variables = [*replica.model.trainable_variables, *replica.state_variables]
+    return ["loss", *(v.name.split(":")[0] for v in variables)]
+
+
 class ClusterEngine:
-    """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator."""
+    """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator.
+
+    A block of K steps costs the chief one dispatch: each slot's closure runs the K steps in one
+    in-graph loop on its worker, waiting at the step gate on the ps between steps (chief/gate.py),
+    while one function that the chief calls once per block takes each step's N gradients, applies
+    them on the ps and opens the next step (TF1's chief queue runner, without Python per step).
+    """
 
     def __init__(
         self,
@@ -211,28 +231,36 @@ class ClusterEngine:
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, train.seed, sample, ps_init_min_bytes)
+            # Each slot's loss is averaged like a gradient: the apply checks it before applying.
+            self.loss = tf.Variable(0.0, trainable=False, name="pstrain_step_loss")
         self.workers = list(resolver.cluster_spec().as_dict().get("worker", []))
         self.job = job
         # Inspected on the training model itself: a lookup reads only its rows from the ps.
         self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
-        self._fetchers = futures.ThreadPoolExecutor(max_workers=4 * train.total_num_replicas + 4)
+        self.names = value_names(self.replica)
+        self._fetchers = futures.ThreadPoolExecutor(max_workers=2 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
-        self._finished: list[int] = []  # the last step's slots in the order their closures finished
+        self._finished: list[int] = []  # the last block's slots in the order their closures finished
 
     def prepare(self, start_step: int) -> None:
-        """Accumulators, the per-worker data and the traced functions, for a run starting at `start_step`."""
+        """Accumulators, the step gate, the per-worker data and the traced functions, for a run starting
+        at `start_step`."""
         variables = self.state.model.trainable_variables
         if any(self.sparse):
             tables = {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
             log.info("row-sparse gradients (only touched rows move): %s", ", ".join(sorted(tables)))
+        device = self.state.global_step.device
         self.aggregator = SyncReplicasAggregator(
-            [*variables, *self.replica.state_variables],
+            [self.loss, *variables, *self.replica.state_variables],
             required=self.train.replicas_to_aggregate,
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
-            sparse=[*self.sparse, *[False] * len(self.replica.state_variables)],
+            sparse=[False, *self.sparse, *[False] * len(self.replica.state_variables)],
+            arrivals_device=device,
         )
+        self.gate = StepGate(device)
+        tf.function(self.gate.open)(tf.constant(start_step, tf.int64))
         # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
         self._expected = self.source.fingerprint()
         t = self.train
@@ -242,128 +270,204 @@ class ClusterEngine:
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
+        self._unblock_fn = tf.function(self.aggregator.unblock)
 
     def _build_worker_fn(self):
-        global_step, aggregator, replica = self.state.global_step, self.aggregator, self.replica
+        global_step, aggregator, replica, gate = self.state.global_step, self.aggregator, self.replica, self.gate
         strategy, source, expected, readahead = self.strategy, self.source, self._expected, self._readahead
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
         @tf.function
-        def worker_fn(iterator, step, slot, indices, next_indices):
-            if readahead is None:
-                batch, hit = source.worker_batch(next(iterator), indices, expected)
-            else:  # ask for the next step's examples first: the pipeline then never waits on this closure
-                tag = request_tag(step, slot, readahead.total_slots)
-                with tf.control_dependencies([readahead.request(tag + readahead.total_slots, next_indices)]):
-                    element = next(iterator)
-                batch, hit = source.worker_batch(element, indices, expected, tag)
-
-            def replica_fn(batch):
-                def compute():
-                    loss, grads, deltas = replica_step(replica, batch, step, slot)
-                    # Sparse pushes are not stateful ops: without this dependency they would be pruned.
-                    with tf.control_dependencies(aggregator.push(slot, step, grads + deltas)):
-                        return tf.identity(loss), tf.constant(True)
-
-                if not backups:  # every closure's step is current: no check, no branch
-                    return compute()
-
-                def skip():  # a backup replica whose step is already applied: no work to do
-                    return tf.constant(math.nan, tf.float32), tf.constant(False)
-
-                return tf.cond(tf.equal(global_step.read_value(), step), compute, skip)
-
-            loss, computed = strategy.run(replica_fn, args=(batch,))
+        def worker_fn(iterator, first, count, slot, positions):
+            """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            # One packed result: each output of a closure costs the chief its own fetch RPC.
-            return tf.stack([tf.cast(worker, tf.float32), loss, tf.cast(computed, tf.float32), tf.cast(hit, tf.float32)])
+
+            def read(i, step):  # this step's examples, read before waiting at the gate: they overlap the apply
+                if readahead is None:
+                    return source.worker_batch(next(iterator), positions[i], expected)
+                tag = request_tag(step, slot, readahead.total_slots)  # ask for the next step's examples first
+                with tf.control_dependencies([readahead.request(tag + readahead.total_slots, positions[i + 1])]):
+                    element = next(iterator)
+                return source.worker_batch(element, positions[i], expected, tag)
+
+            def body(i, token, hits):
+                step = first + tf.cast(i, tf.int64)
+                batch, hit = read(i, step)
+                token = gate.wait(step, global_step)
+
+                def compute():
+                    def replica_fn(batch):
+                        loss, grads, deltas = replica_step(replica, batch, step, slot)
+                        pushes = aggregator.push(slot, step, [loss, *grads, *deltas])
+                        if backups:  # the apply takes the first N slots to arrive
+                            pushes = [aggregator.arrive(slot, step, worker, pushes)]
+                        with tf.control_dependencies(pushes):
+                            return tf.constant(True)
+
+                    return strategy.run(replica_fn, args=(batch,))
+
+                # Another token than this step: applied without this slot (a backup, a re-run), or ABORT.
+                computed = tf.cond(tf.equal(token, step), compute, lambda: tf.constant(False))
+                hits = hits + tf.cast(tf.logical_and(computed, hit), tf.int32)
+                with tf.control_dependencies([computed]):  # the next step waits for this one's pushes
+                    return i + 1, token, hits
+
+            _, _, hits = tf.while_loop(
+                lambda i, token, _: tf.logical_and(i < count, tf.not_equal(token, ABORT)),
+                body,
+                (tf.constant(0, tf.int32), tf.constant(0, tf.int64), tf.constant(0, tf.int32)),
+                parallel_iterations=1,
+            )
+            return tf.stack([tf.cast(worker, tf.int32), hits])  # one packed result: each output costs a fetch RPC
 
         return worker_fn
 
     def _build_apply_fn(self):
-        replica, optimizer, global_step, aggregator = self.replica, self.state.optimizer, self.state.global_step, self.aggregator
+        replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
+        aggregator, gate, slots, loss_var = self.aggregator, self.gate, self.train.total_num_replicas, self.loss
+        skip = self.train.on_nonfinite == "skip"
+        with tf.device(global_step.device):
+            self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
+        stopping = self._stopping
 
         @tf.function
-        def apply_fn(step, chosen):
-            means = aggregator.take_mean(step, chosen)
+        def apply_means(means):
+            """One step's update; as a function call it has finished, every write done, when it returns."""
             apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
-            global_step.assign(step + 1)
+            return tf.constant(True)
+
+        @tf.function
+        def apply_fn(first, count):
+            """Take, check and apply steps first..first+count-1 as their gradients arrive; stops early at a
+            non-finite step (on_nonfinite "stop") or when `stopping` is set. Per step taken: the loss,
+            the chosen slots and their workers, late arrivals, which values were finite, whether applied."""
+
+            def body(i, go, out):
+                step = first + tf.cast(i, tf.int64)
+                chosen, workers, late = aggregator.choose(step)
+                means = aggregator.take_mean(step, chosen)
+                finite = all_finite(means)
+                ok = tf.reduce_all(finite)
+                proceed = tf.logical_not(stopping.read_value())
+
+                def advance(apply: bool):
+                    def fn():
+                        deps = [apply_means(means[1:]), loss_var.assign(means[0])] if apply else []
+                        with tf.control_dependencies(deps):
+                            moved = global_step.assign(step + 1)
+                        with tf.control_dependencies([moved]):
+                            return tf.identity(gate.advance(step) >= 0)
+
+                    return fn
+
+                def end():
+                    return tf.logical_not(tf.equal(gate.abort(), -1))  # False, once every closure is let through
+
+                if skip:
+                    go = tf.cond(proceed, lambda: tf.cond(ok, advance(True), advance(False)), end)
+                else:
+                    go = tf.cond(tf.logical_and(proceed, ok), advance(True), end)
+                # `proceed` False: interrupted before this step's update, which is not a result.
+                row = (means[0], chosen, workers, late, finite, proceed)
+                out = [array.write(i, value) for array, value in zip(out, row, strict=True)]
+                with tf.control_dependencies([go]):
+                    return i + 1, go, out
+
+            dtypes = (tf.float32, tf.bool, tf.int64, tf.int64, tf.bool, tf.bool)
+            arrays = [tf.TensorArray(d, size=0, dynamic_size=True) for d in dtypes]
+            _, _, out = tf.while_loop(
+                lambda i, go, _: tf.logical_and(i < count, go),
+                body,
+                (tf.constant(0, tf.int32), tf.logical_not(stopping.read_value()), arrays),
+                parallel_iterations=1,
+            )
+            return [array.stack() for array in out]
 
         return apply_fn
 
-    def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
-        """Run one synchronous step; raises StepInterrupted (nothing applied) if asked to stop mid-step."""
+    def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
+        """Run steps first..first+count-1 (one dispatch); see `Engine.run`."""
         try:
-            return self._step(step, interrupted)
+            return self._run(first, count, interrupted)
         except tf.errors.OpError as e:  # a worker's data missing or different: one line naming it
             raise (explain_worker_error(e, self.workers) or e) from None
 
-    def _step(self, step: int, interrupted: Callable[[], bool]) -> StepResult:
+    def _run(self, first: int, count: int, interrupted: Callable[[], bool]) -> list[StepResult]:
         t = self.train
         t0 = time.perf_counter()
-        step_t = tf.constant(step, tf.int64)
+        first_t, count_t = tf.constant(first, tf.int64), tf.constant(count, tf.int32)
+        num, rows = self.source.num_examples, count + (1 if self._readahead else 0)
         pending: dict[futures.Future, int] = {}
-        num = self.source.num_examples
         for slot in schedule_order(self._finished, t.total_num_replicas):
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_positions(t, num, step, slot))
-            # The next step's positions for this slot, which the worker reads ahead (sources that read files).
-            ahead = tf.constant(slot_positions(t, num, step + 1, slot)) if self._readahead else indices
-            remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices, ahead))
+            positions = tf.constant(np.stack([slot_positions(t, num, first + i, slot) for i in range(rows)]))
+            remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, first_t, count_t, slot, positions))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
-        chosen: dict[int, tuple[int, float]] = {}
-        self._finished, hits = [], 0
-        t_first = t1
-        waiting = set(pending)
-        while waiting and len(chosen) < t.replicas_to_aggregate:
-            # Short waits so a stop request is honoured even while a worker stalls the step.
+        applying = self._fetchers.submit(self._apply_fn, first_t, count_t)
+        self._finished, results = [], {}
+        self._wait(applying, pending, results, interrupted)
+        losses, chosen, workers, late, finite, proceeded = (value.numpy() for value in applying.result())
+        t2 = time.perf_counter()
+        # Without backups every closure is in every step: wait for them all (they pushed the last step).
+        if t.total_num_replicas == t.replicas_to_aggregate:
+            self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
+        self._late.update(f for f in pending if pending[f] not in results)
+        slot_worker = {slot: int(out[0]) for slot, out in results.items()}
+        steps = []
+        for i in np.flatnonzero(proceeded):
+            picked = np.flatnonzero(chosen[i])
+            # With backups the apply knows each chosen slot's worker; else the closures said.
+            found = {int(workers[i][s]) if workers[i][s] >= 0 else slot_worker.get(int(s), -1) for s in picked}
+            bad = first_nonfinite(finite[i].tolist(), self.names)
+            steps.append(
+                StepResult(
+                    loss=float(losses[i]),
+                    aggregated=len(picked),
+                    stale_dropped=int(late[i]),
+                    workers=sorted(found - {-1}),
+                    applied=bad is None,
+                    nonfinite=bad,
+                    timing={"dispatch": t1 - t0, "block": t2 - t0},
+                )
+            )
+        if self._readahead and steps:  # counted per closure, over the block
+            steps[-1].read_ahead = sum(int(out[1]) for out in results.values())
+        return steps
+
+    def _wait(self, applying, pending: dict, results: dict, interrupted: Callable[[], bool]) -> None:
+        """Wait for `applying` (or, when None, for every closure in `pending`), surfacing closure errors at
+        once; when `interrupted()` turns true, stop the apply at the next step boundary."""
+        waiting = set(pending) | ({applying} if applying else set())
+        unblocked_at = None
+        while (applying is not None and not applying.done()) or (applying is None and waiting):
             done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
             for future in done:
-                worker, loss, computed, hit = future.result()
+                if future is applying:
+                    continue
+                results[pending[future]] = future.result()  # a job error in a closure surfaces here
                 self._finished.append(pending[future])
-                if computed == 1.0 and len(chosen) < t.replicas_to_aggregate:
-                    chosen[pending[future]] = (int(worker), float(loss))
-                    hits += int(hit)
-                    if len(chosen) == 1:
-                        t_first = time.perf_counter()
-            if len(chosen) < t.replicas_to_aggregate and interrupted():
-                self._late.update(waiting)
-                raise StepInterrupted(step)
-        if len(chosen) < t.replicas_to_aggregate:
-            raise RuntimeError(f"step {step}: only {len(chosen)} of {t.replicas_to_aggregate} gradients were computed")
-        t2 = time.perf_counter()
-        loss = float(np.mean([loss for _, loss in chosen.values()]))
-        applied = math.isfinite(loss)
-        if applied:
-            mask = [slot in chosen for slot in range(t.total_num_replicas)]
-            self._apply_fn(step_t, tf.constant(mask))
-        t3 = time.perf_counter()
-        self._late.update(f for f in pending if pending[f] not in chosen)
-        return StepResult(
-            loss=loss,
-            applied=applied,
-            aggregated=len(chosen),
-            stale_dropped=self._collect_late(),
-            workers=sorted({worker for worker, _ in chosen.values()}),
-            read_ahead=hits if self._readahead else None,
-            # first_gradient: pull, compute and push of the fastest replica; wait_for_n: the rest of the N.
-            timing={"schedule": t1 - t0, "first_gradient": t_first - t1, "wait_for_n": t2 - t_first, "apply": t3 - t2},
-        )
+            if applying is not None and not applying.done() and interrupted():
+                now = time.monotonic()
+                if unblocked_at is None or now - unblocked_at > 0.5:
+                    self._interrupt()
+                    unblocked_at = now
 
-    def _collect_late(self, wait_s: float = 0.0) -> int:
-        """Count surplus closures that have finished; their gradients were dropped, never applied."""
-        if wait_s and self._late:
-            futures.wait(self._late, timeout=wait_s)
-        done = {f for f in self._late if f.done()}
-        self._late -= done
-        for f in done:
-            f.result()  # a job error in a backup replica still surfaces
-        return len(done)
+    def _interrupt(self) -> None:
+        """Stop the running apply before its next update: set the flag it checks, and give every slot
+        of the step it may be waiting for an empty gradient so its takes return (the step is then not
+        applied; the accumulators are not reused: a restarted chief makes fresh ones)."""
+        self._stopping.assign(True)
+        self._unblock_fn(self.state.global_step.read_value())
 
     def close(self) -> int:
-        """Wait briefly for surplus closures; returns how many more were dropped."""
-        late = self._collect_late(wait_s=30.0)
+        """Wait briefly for surplus closures (a job error in one still surfaces); returns how many late
+        gradients arrived after the last step's apply, dropped."""
+        if self._late:
+            futures.wait(self._late, timeout=30.0)
+        for future in [f for f in self._late if f.done()]:
+            future.result()
+        late = int(tf.function(self.aggregator.pending_arrivals)().numpy())
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         return late

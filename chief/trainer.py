@@ -1,13 +1,16 @@
 """The training loop shared by cluster and standalone runs: resume, steps, checkpoints, export.
 
-run = TrainingRun.start(...)           # job, engine, control-plane agent, restore, banner
-for step in range(run.first_step, train.steps):
-    result = engine.step(step)         # one synchronous update (N gradients applied)
-    run.record(step, result)           # metrics.jsonl, progress, heartbeat report
-    run.maybe_checkpoint(step + 1)     # every checkpoint_every steps
-    run.maybe_evaluate(step + 1)       # every eval_every steps
+run = TrainingRun.start(...)                   # job, engine, control-plane agent, restore, banner
+step = run.first_step
+while step < train.steps:
+    count = block_length(step, train)          # up to steps_per_execution, never past a checkpoint or eval
+    results = engine.run(step, count)          # synchronous updates, N gradients each, one dispatch
+    run.record(step, results)                  # metrics.jsonl (a line per step), progress, heartbeat report
+    step += len(results)
+    run.maybe_checkpoint(step)                 # every checkpoint_every steps
+    run.maybe_evaluate(step)                   # every eval_every steps
     if stop requested: checkpoint and exit 128+N
-run.finish()                           # final checkpoint, evaluation, SavedModel, done line
+run.finish()                                   # final checkpoint, evaluation, SavedModel, done line
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from chief.checkpoints import Checkpoints
-from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
+from chief.engines import ClusterEngine, Engine, LocalEngine, StepResult
 from chief.eval_set import EvalSet, eval_set
 from chief.export import evaluate, export_saved_model
 from chief.jobs import Job, load_job
@@ -38,6 +41,16 @@ from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError
 from cluster.stop import StopTrap
 
 log = logging.getLogger("pstrain.chief")
+
+
+def block_length(step: int, train: TrainConfig) -> int:
+    """How many steps to run from `step` in one dispatch: `steps_per_execution`, cut short so that a
+    block ends at every checkpoint and evaluation step and at the last step."""
+    end = min(step + train.steps_per_execution, train.steps)
+    for every in (train.checkpoint_every, train.eval_every):
+        if every:
+            end = min(end, (step // every + 1) * every)
+    return end - step
 
 
 def start_agent(stop: StopTrap) -> Agent | None:
@@ -122,34 +135,39 @@ class TrainingRun:
             + (f", {backups} backup" if backups else "")
         )
 
-    def record(self, step: int, result: StepResult, seconds: float) -> None:
-        """Log an applied step; a withheld (non-finite) step is checkpointed before it and ends the run."""
-        self.stale_total += result.stale_dropped
-        if not result.applied:
-            self.checkpoints.save(step)  # the state before the bad step; its update was withheld
-            self.metrics.flush()
-            raise TrainingError(
-                f"step {step}: loss is {result.loss}; stopped without applying it, checkpoint at step {step} "
-                "(lower the learning rate or check the data)"
+    def record(self, first: int, results: list[StepResult], seconds: float) -> None:
+        """Log a block's steps (`seconds` is the block's time, shared evenly); a withheld (non-finite) step
+        under on_nonfinite "stop" is checkpointed before it and ends the run."""
+        per_step = seconds / max(len(results), 1)
+        for step, result in enumerate(results, first):
+            self.stale_total += result.stale_dropped
+            if not result.applied and self.train.on_nonfinite == "stop":
+                self.checkpoints.save(step)  # the state before the bad step; its update was withheld
+                self.metrics.flush()
+                value = "loss is" if result.nonfinite == "loss" else f"mean gradient of {result.nonfinite} is"
+                raise TrainingError(
+                    f"step {step}: {value} not finite (loss {result.loss}); stopped without applying it, checkpoint at "
+                    f"step {step} (lower the learning rate, check the data, or set train.on_nonfinite = \"skip\")"
+                )
+            self.metrics.write(
+                {
+                    "step": step,
+                    "loss": result.loss,
+                    "aggregated": result.aggregated,
+                    "stale_dropped": result.stale_dropped,
+                    "workers": result.workers,
+                    "seconds": round(per_step, 6),
+                    "time": round(time.time(), 3),  # wall clock at the end of the step's block
+                    **({"skipped": result.nonfinite} if not result.applied else {}),
+                    **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
+                    **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
+                }
             )
-        self.metrics.write(
-            {
-                "step": step,
-                "loss": result.loss,
-                "aggregated": result.aggregated,
-                "stale_dropped": result.stale_dropped,
-                "workers": result.workers,
-                "seconds": round(seconds, 6),
-                "time": round(time.time(), 3),  # wall clock at the end of the step
-                **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
-                **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
-            }
-        )
-        self.progress.update(step, result.loss, self.train.global_batch_size / max(seconds, 1e-9), result.aggregated)
-        for worker in result.workers:
-            self.gradients_by_worker[worker] = self.gradients_by_worker.get(worker, 0) + 1
-        if self.agent:
-            self.agent.report = Report("training", step + 1, dict(self.gradients_by_worker))
+            self.progress.update(step, result.loss, self.train.global_batch_size / max(per_step, 1e-9), result.aggregated)
+            for worker in result.workers:
+                self.gradients_by_worker[worker] = self.gradients_by_worker.get(worker, 0) + 1
+        if self.agent and results:
+            self.agent.report = Report("training", first + len(results), dict(self.gradients_by_worker))
 
     def maybe_checkpoint(self, done: int) -> None:
         every = self.train.checkpoint_every
@@ -205,17 +223,16 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
     with StopTrap() as stop:
         run = TrainingRun.start(run_dir, train, standalone, stop)
-        for step in range(run.first_step, train.steps):
+        step = run.first_step
+        while step < train.steps:
             t0 = time.monotonic()
-            try:
-                result = run.engine.step(step, interrupted=lambda: stop.requested)
-            except StepInterrupted:
-                return run.stop_with_checkpoint(step, stop)
-            run.record(step, result, time.monotonic() - t0)
-            run.maybe_checkpoint(step + 1)
-            run.maybe_evaluate(step + 1)
+            results = run.engine.run(step, block_length(step, train), interrupted=lambda: stop.requested)
+            run.record(step, results, time.monotonic() - t0)
+            step += len(results)
+            run.maybe_checkpoint(step)
+            run.maybe_evaluate(step)
             if stop.requested:
-                return run.stop_with_checkpoint(step + 1, stop)
+                return run.stop_with_checkpoint(step, stop)
         return run.finish()
 
 

@@ -57,6 +57,8 @@ class TrainConfig:
     run_dir: str = ""  # empty: runs/<job>-<timestamp>
     startup_timeout: float = 60.0  # seconds to wait for every TF server to accept connections
     shuffle: str = "permutation"  # data order: "permutation" (NumPy, O(N)) or "index_shuffle" (stateless, O(batch))
+    steps_per_execution: int = 16  # K: steps each closure runs per dispatch (blocks end at checkpoints and evaluations)
+    on_nonfinite: str = "stop"  # a NaN/Inf loss, mean gradient or state delta: "stop" (checkpoint, exit) or "skip" the step
 
     @property
     def slot_batch_size(self) -> int:
@@ -276,6 +278,12 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         raise ConfigError(
             f"train.shuffle: expected 'permutation' or 'index_shuffle' (stateless, for very large data sets), got {shuffle!r}"
         )
+    per_execution = _int(
+        "train.steps_per_execution", raw.get("steps_per_execution", defaults.steps_per_execution), 1
+    )
+    nonfinite = raw.get("on_nonfinite", defaults.on_nonfinite)
+    if nonfinite not in ("stop", "skip"):
+        raise ConfigError(f"train.on_nonfinite: expected 'stop' or 'skip' (drop the step and go on), got {nonfinite!r}")
     return TrainConfig(
         job=job.strip(),
         steps=steps,
@@ -288,6 +296,8 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         run_dir=run_dir,
         startup_timeout=float(timeout),
         shuffle=shuffle,
+        steps_per_execution=per_execution,
+        on_nonfinite=nonfinite,
     )
 
 

@@ -15,7 +15,15 @@ from cluster.config import ClusterConfig, ConfigError, TrainConfig
 from cluster.plan import cluster_spec
 
 # Fields that decide the result step by step: a run dir may only be resumed with the same values.
-RESULT_FIELDS = ("job", "global_batch_size", "replicas_to_aggregate", "total_num_replicas", "seed", "shuffle")
+RESULT_FIELDS = (
+    "job",
+    "global_batch_size",
+    "replicas_to_aggregate",
+    "total_num_replicas",
+    "seed",
+    "shuffle",
+    "on_nonfinite",
+)
 
 
 def default_run_dir(job: str, now: float | None = None) -> str:

