@@ -85,6 +85,19 @@ class SyncReplicasAggregator:
         with tf.control_dependencies(started):
             return tf.constant(0)
 
+    def push_any(self, slot: tf.Tensor, step: tf.Tensor, grads: list) -> tf.Tensor:
+        """`push` for a slot given as a tensor (one traced closure serves every slot); returns a value
+        that the closure's result must depend on."""
+
+        def branch(k: int):
+            def fn():
+                with tf.control_dependencies(self.push(k, step, grads)):
+                    return tf.constant(k, tf.int32)
+
+            return fn
+
+        return tf.switch_case(tf.cast(slot, tf.int32), [branch(k) for k in range(self.total_slots)])
+
     def push(self, slot: int, step: tf.Tensor, grads: list) -> list[tf.Operation]:
         """Worker side (inside a traced closure): hand this slot's gradients to the ps.
 
@@ -113,10 +126,10 @@ class SyncReplicasAggregator:
             component_types=[tf.int64] * 3, shapes=[[], [], []], capacity=-1, shared_name=self.arrivals_name
         )
 
-    def arrive(self, slot: int, step: tf.Tensor, worker: tf.Tensor, pushes: list[tf.Operation]) -> tf.Operation:
+    def arrive(self, slot: int | tf.Tensor, step: tf.Tensor, worker: tf.Tensor, pushes: list) -> tf.Operation:
         """Worker side, with backup slots: once `pushes` are done, say that `worker` pushed `slot` of `step`."""
         with tf.device(self.arrivals_device), tf.control_dependencies(pushes):
-            arrival = [step, tf.constant(slot, tf.int64), tf.cast(worker, tf.int64)]
+            arrival = [step, tf.cast(slot, tf.int64), tf.cast(worker, tf.int64)]
             return tf.raw_ops.QueueEnqueueV2(handle=self._arrivals(), components=arrival)
 
     def choose(self, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -163,7 +176,9 @@ class SyncReplicasAggregator:
                     dtype = variable.dtype.base_dtype
                     if rows:
                         empty = tf.zeros([0, *variable.shape[1:]], dtype)
-                        grads.append(tf.IndexedSlices(empty, tf.zeros([0], tf.int64), tf.constant(variable.shape.as_list(), tf.int64)))
+                        grads.append(
+                            tf.IndexedSlices(empty, tf.zeros([0], tf.int64), tf.constant(variable.shape.as_list(), tf.int64))
+                        )
                     else:
                         grads.append(tf.zeros(variable.shape, dtype))
             slot_pushes = self.push(slot, step, grads)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -298,7 +297,7 @@ class ClusterEngine:
                 def compute():
                     def replica_fn(batch):
                         loss, grads, deltas = replica_step(replica, batch, step, slot)
-                        pushes = aggregator.push(slot, step, [loss, *grads, *deltas])
+                        pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
                         if backups:  # the apply takes the first N slots to arrive
                             pushes = [aggregator.arrive(slot, step, worker, pushes)]
                         with tf.control_dependencies(pushes):
@@ -324,7 +323,7 @@ class ClusterEngine:
 
     def _build_apply_fn(self):
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
-        aggregator, gate, slots, loss_var = self.aggregator, self.gate, self.train.total_num_replicas, self.loss
+        aggregator, gate, loss_var = self.aggregator, self.gate, self.loss
         skip = self.train.on_nonfinite == "skip"
         with tf.device(global_step.device):
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
@@ -401,8 +400,10 @@ class ClusterEngine:
         for slot in schedule_order(self._finished, t.total_num_replicas):
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
+            # The slot is a tensor too: one trace serves every slot.
             positions = tf.constant(np.stack([slot_positions(t, num, first + i, slot) for i in range(rows)]))
-            remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, first_t, count_t, slot, positions))
+            args = (self._iterator, first_t, count_t, tf.constant(slot, tf.int64), positions)
+            remote = self.coordinator.schedule(self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         applying = self._fetchers.submit(self._apply_fn, first_t, count_t)
@@ -429,7 +430,8 @@ class ClusterEngine:
                     workers=sorted(found - {-1}),
                     applied=bad is None,
                     nonfinite=bad,
-                    timing={"dispatch": t1 - t0, "block": t2 - t0},
+                    # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
+                    timing={"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count},
                 )
             )
         if self._readahead and steps:  # counted per closure, over the block

@@ -3,7 +3,7 @@
 run = TrainingRun.start(...)                   # job, engine, control-plane agent, restore, banner
 step = run.first_step
 while step < train.steps:
-    count = block_length(step, train)          # up to steps_per_execution, never past a checkpoint or eval
+    count = block_length(step, train, first)   # up to steps_per_execution, never past a checkpoint or eval
     results = engine.run(step, count)          # synchronous updates, N gradients each, one dispatch
     run.record(step, results)                  # metrics.jsonl (a line per step), progress, heartbeat report
     step += len(results)
@@ -38,15 +38,36 @@ from chief.sources import explain_worker_error, train_source
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError, TrainingError
+from cluster.launch.lifetime import wait_until_ready
 from cluster.stop import StopTrap
 
 log = logging.getLogger("pstrain.chief")
 
 
-def block_length(step: int, train: TrainConfig) -> int:
+class StartupClock:
+    """Where a chief's start-up goes: seconds per phase, from the process's start."""
+
+    def __init__(self):
+        import psutil
+
+        self.last = psutil.Process().create_time()
+        self.phases: dict[str, float] = {}
+        self.mark("process start and imports")
+
+    def mark(self, phase: str) -> None:
+        now = time.time()
+        self.phases[phase] = now - self.last
+        self.last = now
+
+    def summary(self) -> str:
+        return ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in self.phases.items())
+
+
+def block_length(step: int, train: TrainConfig, first_step: int) -> int:
     """How many steps to run from `step` in one dispatch: `steps_per_execution`, cut short so that a
-    block ends at every checkpoint and evaluation step and at the last step."""
-    end = min(step + train.steps_per_execution, train.steps)
+    block ends at every checkpoint and evaluation step and at the last step. A run's first block is
+    one step: it traces and warms up every function, and the first step's line comes at once."""
+    end = min(step + (1 if step == first_step else train.steps_per_execution), train.steps)
     for every in (train.checkpoint_every, train.eval_every):
         if every:
             end = min(end, (step // every + 1) * every)
@@ -84,6 +105,7 @@ class TrainingRun:
     eval_set: EvalSet  # read in batches from this machine's copy (chief/eval_set.py)
     sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
+    startup: StartupClock
     started: float = field(default_factory=time.monotonic)
     stale_total: int = 0
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
@@ -91,11 +113,17 @@ class TrainingRun:
     @classmethod
     def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
         """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
+        startup = StartupClock()
         job = load_job(train.job)
         source = train_source(job, run_dir)  # built again on each worker from its own files
         evaluation = eval_set(job, source.first)
         sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
+        startup.mark("job and data")
+        if not wait_until_ready(train.startup_timeout + 30):
+            raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
+        startup.mark("wait for the servers")
         engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
+        startup.mark("connect, build and check the model")
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(engine.state.model.weights))
@@ -104,6 +132,7 @@ class TrainingRun:
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
         engine.prepare(first)
+        startup.mark("restore and prepare")
         progress = Progress(train.steps, first, tty=os.environ.get("PSTRAIN_TTY") == "1")
         run = cls(
             run_dir,
@@ -122,6 +151,7 @@ class TrainingRun:
             evaluation,
             sample,
             first,
+            startup,
         )
         progress.message(run.banner(standalone))
         return run
@@ -147,7 +177,7 @@ class TrainingRun:
                 value = "loss is" if result.nonfinite == "loss" else f"mean gradient of {result.nonfinite} is"
                 raise TrainingError(
                     f"step {step}: {value} not finite (loss {result.loss}); stopped without applying it, checkpoint at "
-                    f"step {step} (lower the learning rate, check the data, or set train.on_nonfinite = \"skip\")"
+                    f'step {step} (lower the learning rate, check the data, or set train.on_nonfinite = "skip")'
                 )
             self.metrics.write(
                 {
@@ -168,6 +198,9 @@ class TrainingRun:
                 self.gradients_by_worker[worker] = self.gradients_by_worker.get(worker, 0) + 1
         if self.agent and results:
             self.agent.report = Report("training", first + len(results), dict(self.gradients_by_worker))
+        if first == self.first_step:  # the run's first block is its first step
+            self.startup.mark("first step")
+            log.info("start-up: %s", self.startup.summary())
 
     def maybe_checkpoint(self, done: int) -> None:
         every = self.train.checkpoint_every
@@ -226,7 +259,7 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         step = run.first_step
         while step < train.steps:
             t0 = time.monotonic()
-            results = run.engine.run(step, block_length(step, train), interrupted=lambda: stop.requested)
+            results = run.engine.run(step, block_length(step, train, run.first_step), interrupted=lambda: stop.requested)
             run.record(step, results, time.monotonic() - t0)
             step += len(results)
             run.maybe_checkpoint(step)

@@ -278,9 +278,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         raise ConfigError(
             f"train.shuffle: expected 'permutation' or 'index_shuffle' (stateless, for very large data sets), got {shuffle!r}"
         )
-    per_execution = _int(
-        "train.steps_per_execution", raw.get("steps_per_execution", defaults.steps_per_execution), 1
-    )
+    per_execution = _int("train.steps_per_execution", raw.get("steps_per_execution", defaults.steps_per_execution), 1)
     nonfinite = raw.get("on_nonfinite", defaults.on_nonfinite)
     if nonfinite not in ("stop", "skip"):
         raise ConfigError(f"train.on_nonfinite: expected 'stop' or 'skip' (drop the step and go on), got {nonfinite!r}")

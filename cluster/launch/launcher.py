@@ -17,6 +17,7 @@ from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlPlane, serve
 from cluster.errors import EXIT_FAILURE, ConfigError, PstrainError, returncode_exit_code
 from cluster.launch.hosts import local_addresses
+from cluster.launch.lifetime import READY_ENV
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
@@ -113,15 +114,23 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
             )
             env = control_env(cluster, creds)
             servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
-            failure = wait_registered(registry, servers, train.startup_timeout, stop)
-            if stop.requested:
-                return stop.exit_code
-            if failure:
-                raise PstrainError(failure)
-            chief_env = {**env, "PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0"}
+            # The chief starts with the servers: it imports TensorFlow and loads the job while they
+            # start, and connects once the ready file says every one of them registered.
+            ready = run_dir / "logs" / f"cluster-ready-{os.getpid()}"
+            ready.unlink(missing_ok=True)
+            chief_env = {**env, "PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0", READY_ENV: str(ready)}
             chief_argv = python_module("chief", "--run-dir", str(run_dir))
             chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
-            return Supervision(supervisor, registry, cluster, train.startup_timeout, stop).run(chief)
+            try:
+                failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
+                if stop.requested:
+                    return stop.exit_code
+                if failure:
+                    raise PstrainError(failure)
+                ready.touch()
+                return Supervision(supervisor, registry, cluster, train.startup_timeout, stop).run(chief)
+            finally:
+                ready.unlink(missing_ok=True)
         finally:
             registry.shutdown()
             supervisor.stop_all()
@@ -164,11 +173,12 @@ def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str,
     return is_local_host(parse_address("task", plan.address)[0], local)
 
 
-def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop: StopTrap) -> str:
-    """Wait until every ps and worker registered; returns an error message, or "" on success or stop."""
+def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop: StopTrap, chief: Child | None = None) -> str:
+    """Wait until every ps and worker registered; returns an error message, or "" on success, on stop,
+    or when `chief` (started early, waiting for them) exited: its own error says why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not stop.requested:
-        if not missing_servers(registry):
+        if not missing_servers(registry) or (chief is not None and chief.process.poll() is not None):
             return ""
         dead = next((c for c in servers if c.process.poll() is not None), None)
         if dead:
