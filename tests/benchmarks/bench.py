@@ -2,11 +2,12 @@
 
     python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling] [--data]
 
-Peers, same model and global batch: pstrain sync (2 workers, 1 ps), TF2 ParameterServerStrategy
-asynchronous, the TF1 SyncReplicasOptimizer recipe (2 workers), MultiWorkerMirroredStrategy
-(2 workers) and one process. Reports medians, each peer's examples/s relative to pstrain's, the
-start-up (launch to first step) separately, pstrain's step breakdown, and the transfer limit:
-the time TF's gRPC needs to move a pstrain step's bytes on this machine.
+Peers, same model and global batch: pstrain sync (2 workers, 1 ps; its default steps per dispatch,
+and one step per dispatch), TF2 ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer
+recipe (2 workers), MultiWorkerMirroredStrategy (2 workers) and one process. Reports medians, each
+peer's examples/s relative to pstrain's, the start-up (launch to the end of the first step) with
+where pstrain's chief spent it, and the transfer limit: the time TF's gRPC needs to move a pstrain
+step's bytes on this machine. pstrain's steady state excludes its first two blocks (the warm-up).
 
 --data: launch-to-first-step and per-step time of pstrain (1 M MLP, 2 workers) with its data (a) small
 arrays, (b) --data-gb of arrays from train_data(), (c) the same as .npy files the workers read,
@@ -35,7 +36,8 @@ from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-PEERS = ("pstrain", "async", "tf1", "mwms", "single")
+PEERS = ("pstrain", "pstrain-k1", "async", "tf1", "mwms", "single")
+K1 = ["--steps-per-execution", "1"]  # pstrain-k1: one step per dispatch, the chief on every step's path
 TIMEOUT_S = 900
 FILES = "d one file per example (train_dataset)"
 NO_READ_AHEAD = {"PSTRAIN_READ_AHEAD": "0"}
@@ -117,37 +119,65 @@ def peer_single(size: str, batch: int, steps: int) -> dict:
 
 
 def peer_pstrain(
-    size: str, batch: int, steps: int, workers: int = 2, ps: int = 1, job: str = "", env: dict | None = None
+    size: str,
+    batch: int,
+    steps: int,
+    workers: int = 2,
+    ps: int = 1,
+    job: str = "",
+    env: dict | None = None,
+    extra: list[str] | None = None,
 ) -> dict:
-    """pstrain launched as a user would (`job`: default the MLP of `size`); step times from metrics.jsonl."""
+    """pstrain launched as a user would (`job`: default the MLP of `size`); step times from metrics.jsonl,
+    the steady state after the first two blocks; the chief's start-up phases from its log."""
     tmp = tempfile.mkdtemp(prefix="pstrain-bench-")  # kept when pstrain fails, for its logs
     run_dir = Path(tmp) / "run"
     argv = [PY, "-m", "cluster.cli", "launch", "--job", job or JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
     argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
     t_launch = time.time()
-    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})})
+    run = subprocess.run(
+        argv + (extra or []), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})}
+    )
     if run.returncode:
         raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if "step" in r and "event" not in r]
     done = next(r for r in records if r.get("event") == "done")
-    measured = steps_[3:]
+    per_execution = json.loads((run_dir / "cluster.json").read_text())["train"]["steps_per_execution"]
+    measured = [r for r in steps_ if r["step"] >= 1 + per_execution] or steps_[1:]  # blocks: 1, K, K, ...
     result = {
         "step_s": statistics.median(r["seconds"] for r in measured),
         "startup_s": steps_[0]["time"] - t_launch,
+        "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
         "chief_peak_rss_mib": done.get("peak_rss_mib"),  # the chief's high-water mark, final checkpoint and export included
     }
-    if "read_ahead" in measured[0]:  # the share of applied gradients whose examples were read ahead
-        result["read_ahead"] = sum(r["read_ahead"] for r in measured) / sum(r["aggregated"] for r in measured)
+    if "read_ahead" in measured[-1]:  # the share of applied gradients whose examples were read ahead
+        counted = [r for r in measured if "read_ahead" in r]
+        result["read_ahead"] = sum(r["read_ahead"] for r in counted) / (sum(r["aggregated"] for r in measured) or 1)
     shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 
+def startup_phases(chief_log: str) -> dict[str, float]:
+    """The chief's "start-up: phase 1.23s, ..." line as {phase: seconds}."""
+    line = next((line for line in chief_log.splitlines() if "pstrain.chief start-up: " in line), "")
+    pairs = [part.rsplit(" ", 1) for part in line.split("start-up: ", 1)[-1].split(", ") if part.endswith("s")]
+    return {phase: float(seconds[:-1]) for phase, seconds in pairs}
+
+
+def startup_line(runs: list[dict]) -> str:
+    """pstrain's launch to first step, and the chief's share of it by phase (medians)."""
+    phases = {k: statistics.median(r["startup_phases"].get(k, 0.0) for r in runs) for k in runs[0]["startup_phases"]}
+    return f"pstrain launch to first step {med(runs, 'startup_s'):.1f} s; the chief: " + ", ".join(
+        f"{k} {v:.1f} s" for k, v in phases.items()
+    )
+
+
 def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
     t_launch = time.time()
-    if peer == "pstrain":
-        return peer_pstrain(size, batch, steps)
+    if peer.startswith("pstrain"):
+        return peer_pstrain(size, batch, steps, extra=K1 if peer == "pstrain-k1" else None)
     result = {
         "async": lambda: peer_cluster("async", size, batch, steps),
         "tf1": lambda: peer_tf1(size, batch, steps),
@@ -173,7 +203,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1m,10m,50m", help="comma-separated; empty for --scaling alone")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--global-batch-size", type=int, default=256)
     parser.add_argument("--scaling", action="store_true", help="also pstrain with 1, 2, 4, 8 workers and 1, 2 ps (10m)")
     parser.add_argument("--data", action="store_true", help="also pstrain fed from (a)-(d): where the data lives")
@@ -184,9 +214,9 @@ def main() -> int:
     args = parser.parse_args()
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
-    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, first 3 excluded", flush=True)
+    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, warm-up excluded", flush=True)
     for size in sizes:
-        probes = ["transfer", "breakdown"] if "pstrain" in peers else ["transfer"]
+        probes = ["transfer"]
         runs: dict[str, list[dict]] = {p: [] for p in peers + probes}
         for repeat in range(args.repeats):  # interleaved: every peer once per round
             for peer in peers + probes:
@@ -196,8 +226,7 @@ def main() -> int:
                 else:
                     r = run_peer(peer, size, batch, args.steps)
                 runs[peer].append(r)
-                what = f"{r['step_s'] * 1000:.1f} ms/step" if "step_s" in r else f"{r['to_nth_s'] * 1000:.1f} ms to N gradients"
-                print(f"  {size} round {repeat + 1} {peer}: {what}", flush=True)
+                print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
         results["runs"][size] = runs
         print(table(size, runs, batch), flush=True)
     if args.scaling:
@@ -224,6 +253,7 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
     ]
     names = {
         "pstrain": "pstrain sync, 2 workers",
+        "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
         "async": "TF2 PS async, 2 workers",
         "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
         "mwms": "MultiWorkerMirrored, 2 workers",
@@ -241,16 +271,12 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     limit = med(runs["transfer"], "step_s")
     lines.append(
-        f"\npstrain step {base * 1000:.1f} ms = schedule {timing['schedule'] * 1000:.1f} + first gradient "
-        f"{timing['first_gradient'] * 1000:.1f} + wait for the N-th {timing['wait_for_n'] * 1000:.1f} + apply "
-        f"{timing['apply'] * 1000:.1f}; transfer limit (the same {runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB "
-        f"over TF gRPC) {limit * 1000:.1f} ms → step = {base / limit:.2f}× the limit"
+        f"\npstrain step {base * 1000:.1f} ms = the chief's dispatch {timing['dispatch'] * 1000:.1f} + steps on workers and ps "
+        f"{timing['steps'] * 1000:.1f} (shares of a block); transfer limit (the same "
+        f"{runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB over TF gRPC) {limit * 1000:.1f} ms → step = "
+        f"{base / limit:.2f}× the limit"
     )
-    phases = {k: statistics.median(r["phases_s"][k] for r in runs["breakdown"]) for k in runs["breakdown"][0]["phases_s"]}
-    lines.append(
-        "time to the N-th gradient by phase (closure cut short after each): "
-        + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in phases.items())
-    )
+    lines.append(startup_line(runs["pstrain"]))
     return "\n".join(lines)
 
 

@@ -1,14 +1,15 @@
 """Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
 
-    python -m tests.benchmarks.embeddings [--sizes 1m,10m] [--repeats 2] [--steps 15]
+    python -m tests.benchmarks.embeddings [--sizes 1m,10m] [--repeats 2] [--steps 50] [--scaling]
 
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
 logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
 1 M and a 10 M table see the same rows touched per step (at most 128 x 12 = 1,536): what differs is
-only the table. Peers, interleaved round by round: pstrain sync (2 workers, 1 ps), TF2
-ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer recipe (whose sparse
-accumulators keep embedding gradients sparse), one process; and the transfer limit: closures that
-read the touched rows from the ps and write as many back, no compute.
+only the table. Peers, interleaved round by round: pstrain sync (2 workers, 1 ps; its default steps
+per dispatch, and one), TF2 ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer
+recipe (whose sparse accumulators keep embedding gradients sparse), one process; and the transfer
+limit: closures that read the touched rows from the ps and write as many back, no compute.
+--scaling: pstrain and TF1 with 1, 2, 4 and 8 workers (1 M rows, global batch fixed, 1 ps).
 
 Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS
 """
@@ -31,7 +32,7 @@ import numpy as np  # noqa: E402
 
 ROWS = {"1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
-PEERS = ("pstrain", "async", "tf1", "single")
+PEERS = ("pstrain", "pstrain-k1", "async", "tf1", "single")
 
 
 @lru_cache(maxsize=1)
@@ -240,23 +241,23 @@ ROLES = {"single": role_single, "async": role_async, "transfer": role_transfer, 
 # ---- orchestration (this process) ----
 
 
-def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
-    from tests.benchmarks.bench import PY, env_for, free_ports, run_group
+def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2) -> dict:
+    from tests.benchmarks.bench import K1, PY, env_for, free_ports, peer_pstrain, run_group
 
     me = [PY, "-m", "tests.benchmarks.embeddings"]
     t_launch = time.time()
-    if peer == "pstrain":
-        return run_pstrain(size, batch, steps)
+    if peer.startswith("pstrain"):
+        return peer_pstrain(size, batch, steps, workers=workers, job=JOBS[size], extra=K1 if peer == "pstrain-k1" else None)
     if peer in ("async", "transfer"):
         addresses = free_ports(4)
         cluster = {"chief": addresses[:1], "ps": addresses[1:2], "worker": addresses[2:]}
         servers = [([PY, "-m", "worker"], env_for(cluster, t, i)) for t in ("ps", "worker") for i in range(len(cluster[t]))]
         result = run_group([([*me, peer, size, str(batch), str(steps)], env_for(cluster, "chief", 0)), *servers], reporter=0)
     elif peer == "tf1":
-        addresses = free_ports(3)
+        addresses = free_ports(1 + workers)
         cluster = {"ps": addresses[:1], "worker": addresses[1:]}
         argv = [*me, "tf1", size, str(batch), str(steps)]
-        group = [(argv, env_for(cluster, "worker", 0)), (argv, env_for(cluster, "worker", 1)), (argv, env_for(cluster, "ps", 0))]
+        group = [(argv, env_for(cluster, "worker", i)) for i in range(workers)] + [(argv, env_for(cluster, "ps", 0))]
         result = run_group(group, reporter=0)
     else:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -265,17 +266,14 @@ def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
     return result
 
 
-def run_pstrain(size: str, batch: int, steps: int) -> dict:
-    from tests.benchmarks.bench import peer_pstrain
-
-    return peer_pstrain(size, batch, steps, job=JOBS[size])
-
-
 def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+    from tests.benchmarks.bench import startup_line
+
     med = {peer: statistics.median(r["step_s"] for r in rs) for peer, rs in runs.items() if rs}
     base = med["pstrain"]
     names = {
         "pstrain": "pstrain sync, 2 workers",
+        "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
         "async": "TF2 PS async, 2 workers",
         "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
     }
@@ -294,13 +292,43 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
     transfer = runs["transfer"][0]
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     lines.append(
-        f"\npstrain step {base * 1000:.1f} ms (schedule {timing['schedule'] * 1000:.1f}, first gradient "
-        f"{timing['first_gradient'] * 1000:.1f}, wait for the N-th {timing['wait_for_n'] * 1000:.1f}, apply "
-        f"{timing['apply'] * 1000:.1f}); {transfer['rows_per_slot']:,} rows touched per slot; bytes moved per step "
+        f"\npstrain step {base * 1000:.1f} ms (the chief's dispatch {timing['dispatch'] * 1000:.1f}, steps on workers and ps "
+        f"{timing['steps'] * 1000:.1f}); {transfer['rows_per_slot']:,} rows touched per slot; bytes moved per step "
         f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; transfer limit {med['transfer'] * 1000:.1f} ms; "
         f"pstrain chief peak RSS {max(r['chief_peak_rss_mib'] for r in runs['pstrain']):,} MiB "
         f"(table {ROWS[size] * DIM * 4 / 2**20:,.0f} MiB)"
     )
+    lines.append(startup_line(runs["pstrain"]))
+    return "\n".join(lines)
+
+
+SCALING = (1, 2, 4, 8)
+
+
+def scaling(batch: int, steps: int, repeats: int) -> dict[str, dict[int, list[dict]]]:
+    """pstrain and TF1 at each worker count (1 M rows, 1 ps, global batch fixed), interleaved."""
+    runs: dict[str, dict[int, list[dict]]] = {"pstrain": {n: [] for n in SCALING}, "tf1": {n: [] for n in SCALING}}
+    for repeat in range(repeats):
+        for n in SCALING:
+            for peer in runs:
+                result = run_peer(peer, "1m", batch, steps, workers=n)
+                runs[peer][n].append(result)
+                print(f"  scaling round {repeat + 1} {peer} {n} workers: {result['step_s'] * 1000:.1f} ms/step", flush=True)
+    return runs
+
+
+def scaling_table(runs: dict[str, dict[int, list[dict]]], batch: int) -> str:
+    step = {peer: {n: statistics.median(r["step_s"] for r in rs) for n, rs in by_n.items()} for peer, by_n in runs.items()}
+    lines = [
+        f"\nscaling: 1 M rows, 1 ps, global batch {batch}",
+        "| workers | pstrain ms/step | TF1 ms/step | pstrain ÷ TF1 (examples/s) |",
+        "|---|---|---|---|",
+    ]
+    for n in SCALING:
+        mine, theirs = step["pstrain"][n], step["tf1"][n]
+        lines.append(f"| {n} | {mine * 1000:.1f} | {theirs * 1000:.1f} | {theirs / mine:.2f}× |")
+    growth = {peer: step[peer][8] / step[peer][2] for peer in step}
+    lines.append(f"step at 8 workers ÷ at 2: pstrain {growth['pstrain']:.2f}×, TF1 {growth['tf1']:.2f}×")
     return "\n".join(lines)
 
 
@@ -309,15 +337,16 @@ def main() -> int:
     parser.add_argument("--sizes", default="1m,10m")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--scaling", action="store_true", help="also pstrain and TF1 with 1, 2, 4, 8 workers (1m)")
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     from tests.benchmarks.bench import machine
 
-    sizes, peers, batch = args.sizes.split(","), args.peers.split(","), args.global_batch_size
+    sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
-    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, first 3 excluded", flush=True)
+    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, warm-up excluded", flush=True)
     for size in sizes:
         runs: dict[str, list[dict]] = {p: [] for p in [*peers, "transfer"]}
         for repeat in range(args.repeats):
@@ -330,6 +359,9 @@ def main() -> int:
     if len(sizes) > 1 and "pstrain" in peers:
         steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in sizes]
         print(f"\npstrain step at {sizes[-1]} ÷ at {sizes[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    if args.scaling:
+        results["scaling"] = scaling(batch, args.steps, args.repeats)
+        print(scaling_table(results["scaling"], batch), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0

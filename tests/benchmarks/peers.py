@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -225,82 +222,7 @@ def mwms(size: str, global_batch: int, steps: int) -> None:
         report(times)
 
 
-def breakdown(size: str, global_batch: int, steps: int) -> None:
-    """pstrain's own engine, its closure cut short at each phase, interleaved step by step: returning at
-    once (dispatch), after reading the parameters (pull), after the backward pass (compute), and the
-    real closure (push). Each phase is the difference of medians of the time to the N-th result."""
-    from chief.engines import ClusterEngine
-    from chief.gradients import replica_gradients
-    from chief.jobs import load_job
-    from chief.sources import train_source
-    from cluster.config import TrainConfig
-    from tests.benchmarks.jobs import JOBS
-
-    job = load_job(JOBS[size])
-    data_dir = Path(tempfile.mkdtemp(prefix="pstrain-breakdown-"))  # train_data() arrays, for the workers
-    source = train_source(job, data_dir)
-    sample = source.read_local(np.zeros(1, np.int64))[0].numpy()
-    workers = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().num_tasks("worker")
-    train = TrainConfig(job=JOBS[size], global_batch_size=global_batch, replicas_to_aggregate=workers, total_num_replicas=workers)
-    engine = ClusterEngine(job, train, source, sample)
-    engine.prepare(0)
-    model, strategy, global_step = engine.state.model, engine.strategy, engine.state.global_step
-
-    def packed(value):
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return tf.stack([tf.cast(worker, tf.float32), value * 0.0, 1.0, 0.0])
-
-    @tf.function
-    def dispatch(iterator, step, slot, indices, next_indices):
-        return packed(strategy.run(lambda: tf.constant(0.0)))
-
-    @tf.function
-    def pull(iterator, step, slot, indices, next_indices):
-        return packed(strategy.run(lambda: tf.add_n([tf.reduce_sum(v) for v in model.trainable_variables])))
-
-    @tf.function
-    def compute(iterator, step, slot, indices, next_indices):
-        (x, y), _ = engine.source.worker_batch(next(iterator), indices, engine._expected)
-
-        def replica(x, y):
-            variables = model.trainable_variables
-            with tf.GradientTape() as tape:
-                value = job.loss_fn(y, model(x, training=True))
-            grads = replica_gradients(tape.gradient(value, variables), variables, engine.sparse)
-            return tf.add_n([tf.reduce_sum(g) for g in grads]) + value
-
-        return packed(strategy.run(replica, args=(x, y)))
-
-    @tf.function
-    def no_apply(step, chosen):
-        global_step.assign(step + 1)
-
-    # The engine's closure and apply, swapped per step (a probe: these are the engine's own functions).
-    variants = {
-        "dispatch": (dispatch, no_apply),
-        "pull": (pull, no_apply),
-        "compute": (compute, no_apply),
-        "push": (engine._worker_fn, engine._apply_fn),
-    }
-    to_nth: dict[str, list[float]] = {name: [] for name in variants}
-    step = 0
-    for _ in range(steps):
-        for name, (worker_fn, apply_fn) in variants.items():
-            engine._worker_fn, engine._apply_fn = worker_fn, apply_fn
-            timing = engine.step(step).timing
-            to_nth[name].append(timing["schedule"] + timing["first_gradient"] + timing["wait_for_n"])
-            step += 1
-    shutil.rmtree(data_dir, ignore_errors=True)
-    medians = {name: statistics.median(times[WARMUP:]) for name, times in to_nth.items()}
-    phases, before = {}, 0.0
-    for name, value in medians.items():
-        phases[name] = value - before
-        before = value
-    print(json.dumps({"phases_s": phases, "to_nth_s": medians["push"], "first_step_wall": time.time()}), flush=True)
-
-
 ROLES = {
-    "breakdown": breakdown,
     "single": single,
     "async": asynchronous,
     "transfer": transfer,
