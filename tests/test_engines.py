@@ -141,3 +141,86 @@ def test_lazy_adam_moves_only_touched_rows():
         optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1]), tf.constant([4, 2])), table)])
         moved = np.flatnonzero(np.any(table.numpy() != before, axis=1)).tolist()
         assert moved == moved_in_second_step, (type(optimizer).__name__, moved)
+
+
+def masked_sqrt_model() -> tf_keras.Model:
+    """The classic masked-branch NaN: where(x > 0, pow(x, 0.5), 0) has a finite value everywhere, but its
+    gradient at x < 0 is 0 * NaN = NaN, so the loss stays finite while the mean gradient is not."""
+    import tensorflow as tf
+
+    inputs = tf_keras.Input((4,))
+    x = tf_keras.layers.Dense(4, name="first")(inputs)
+    x = tf_keras.layers.Lambda(lambda v: tf.where(v > 0, tf.pow(v, 0.5), tf.zeros_like(v)))(x)
+    return tf_keras.Model(inputs, tf_keras.layers.Dense(1, name="out")(x))
+
+
+def masked_sqrt_data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((256, 4)).astype(np.float32), rng.standard_normal((256, 1)).astype(np.float32)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster, tmp_path, mode):
+    job = Job(
+        "masked_sqrt",
+        masked_sqrt_model,
+        tf_keras.losses.mean_squared_error,
+        lambda: tf_keras.optimizers.legacy.SGD(0.1),
+        masked_sqrt_data,
+        None,
+    )
+    train = TrainConfig(job="masked_sqrt", steps=4, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
+    train = dataclasses.replace(train, on_nonfinite=mode)
+    source, sample = engine_inputs(job, train, tmp_path)
+    cluster = ClusterEngine(job, train, source, sample, resolver=in_process_cluster)
+    cluster.prepare(0)
+    local = LocalEngine(job, train, source, sample)
+    before = local.state.model.get_weights()
+    for engine in (cluster, local):
+        results = engine.run(0, 4)
+        assert np.isfinite(results[0].loss) and not results[0].applied, "a finite loss, a withheld step"
+        assert results[0].nonfinite == "first/kernel", results[0].nonfinite
+        assert len(results) == (1 if mode == "stop" else 4), "stop ends the block at the bad step; skip goes on"
+        assert int(engine.state.global_step.numpy()) == (0 if mode == "stop" else 4)
+    cluster.close()
+    for got, want in zip(full_weights(cluster, before), before, strict=True):
+        np.testing.assert_array_equal(got, want)  # every step was withheld: the weights never moved
+    for got in local.state.model.get_weights():
+        assert np.all(np.isfinite(got))
+
+
+@pytest.mark.cluster
+def test_blocks_of_any_length_give_the_same_model(in_process_cluster, tmp_path):
+    """K = 1 (the chief on every step's path) and longer blocks train alike, with Dropout and BatchNorm."""
+    job = load_job("tests.jobs.keras_models:Mixed")
+    train = TrainConfig(job="mixed", steps=6, global_batch_size=32, replicas_to_aggregate=2, total_num_replicas=2)
+    ones = run_both(in_process_cluster, job, 6, train, tmp_path / "k1", per_block=1)
+    fours = run_both(in_process_cluster, job, 6, train, tmp_path / "k4", per_block=4)
+    for (_, _, results), per_block in ((ones, 1), (fours, 4)):
+        np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6, err_msg=str(per_block))
+    reference = ones[1].state.model.get_weights()
+    for cluster in (ones[0], fours[0]):
+        for got, want in zip(full_weights(cluster, reference), reference, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.cluster
+def test_an_interrupt_ends_the_block_at_a_step_boundary(in_process_cluster, tmp_path):
+    """A stop asked while a block runs: the apply stops before its next update; the steps returned are
+    the steps applied, and the global step says the same."""
+    job = dataclasses.replace(load_job("chief.jobs.recommender"), model_fn=TABLES.model_fn, train_data=TABLES.train_data)
+    train = TrainConfig(job="recommender", steps=400, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
+    source, sample = engine_inputs(job, train, tmp_path)
+    cluster = ClusterEngine(job, train, source, sample, resolver=in_process_cluster)
+    cluster.prepare(0)
+    cluster.run(0, 1)  # traced and warm
+    calls = []
+
+    def interrupted() -> bool:
+        calls.append(1)
+        return len(calls) > 2  # after about half a second
+
+    results = cluster.run(1, 399, interrupted)
+    assert 0 < len(results) < 399 and all(r.applied for r in results)
+    assert int(cluster.state.global_step.numpy()) == 1 + len(results)

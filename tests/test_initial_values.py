@@ -106,7 +106,7 @@ def test_sharded_table_made_on_the_ps_starts_and_trains_as_standalone(in_process
     local = LocalEngine(job, train, source, sample)
     cluster.prepare(0)
     local.prepare(0)
-    results = [(cluster.step(k), local.step(k)) for k in range(4)]
+    results = list(zip(cluster.run(0, 2) + cluster.run(2, 2), local.run(0, 4), strict=True))
     cluster.close()
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
     trained = local.state.model.get_weights()

@@ -87,9 +87,9 @@ def test_backup_workers_aggregate_exactly_the_required_number(tmp_path):
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(steps))
     assert all(r["aggregated"] == 2 and len(r["workers"]) >= 1 for r in records)
-    # One surplus gradient per step, each counted as dropped once it arrived (never applied).
-    assert done["stale_dropped_total"] == steps
-    assert sum(r["stale_dropped"] for r in records) <= steps
+    # One surplus slot per step: its gradient is dropped (counted) when it arrives after its step was
+    # applied, or never computed when its closure finds the step already applied (a block runs on).
+    assert sum(r["stale_dropped"] for r in records) <= done["stale_dropped_total"] <= steps
     assert_no_orphans(result)
 
 
