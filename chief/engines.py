@@ -260,6 +260,12 @@ class ClusterEngine:
         )
         self.gate = StepGate(device)
         tf.function(self.gate.open)(tf.constant(start_step, tf.int64))
+        if self.train.total_num_replicas > len(self.workers) and self.train.steps_per_execution > 1:
+            log.info(
+                "%d replica slots on %d workers: one step per dispatch (a block's closures must all run at once)",
+                self.train.total_num_replicas,
+                len(self.workers),
+            )
         # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
         self._expected = self.source.fingerprint()
         t = self.train
@@ -385,11 +391,20 @@ class ClusterEngine:
         return apply_fn
 
     def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
-        """Run steps first..first+count-1 (one dispatch); see `Engine.run`."""
+        """Run steps first..first+count-1 in one dispatch; see `Engine.run`. With more slots than workers
+        a closure would wait at the gate for slots queued behind it on its own worker: then one step
+        per dispatch, as the closures of a step can run one after another."""
+        per_dispatch = count if self.train.total_num_replicas <= len(self.workers) else 1
+        results: list[StepResult] = []
         try:
-            return self._run(first, count, interrupted)
+            for start in range(first, first + count, per_dispatch):
+                block = self._run(start, min(per_dispatch, first + count - start), interrupted)
+                results += block
+                if len(block) < per_dispatch or any(not r.applied for r in block) or interrupted():
+                    break  # interrupted, or a withheld step: the caller decides (skip mode carries on next call)
         except tf.errors.OpError as e:  # a worker's data missing or different: one line naming it
             raise (explain_worker_error(e, self.workers) or e) from None
+        return results
 
     def _run(self, first: int, count: int, interrupted: Callable[[], bool]) -> list[StepResult]:
         t = self.train

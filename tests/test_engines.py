@@ -224,3 +224,14 @@ def test_an_interrupt_ends_the_block_at_a_step_boundary(in_process_cluster, tmp_
     results = cluster.run(1, 399, interrupted)
     assert 0 < len(results) < 399 and all(r.applied for r in results)
     assert int(cluster.state.global_step.numpy()) == 1 + len(results)
+
+
+@pytest.mark.cluster
+def test_more_slots_than_workers_run_a_step_per_dispatch(in_process_cluster, tmp_path):
+    """4 slots on 2 workers: a closure waiting at the gate would hold its worker while the slots it
+    waits for are queued behind it, so such runs dispatch step by step, and still equal standalone."""
+    job = dataclasses.replace(load_job("chief.jobs.recommender"), model_fn=TABLES.model_fn, train_data=TABLES.train_data)
+    train = TrainConfig(job="recommender", steps=3, global_batch_size=64, replicas_to_aggregate=4, total_num_replicas=4)
+    cluster, local, results = run_both(in_process_cluster, job, 3, train, tmp_path, per_block=3)
+    assert [c.aggregated for c, _ in results] == [4, 4, 4]
+    np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
