@@ -33,6 +33,8 @@ from chief.sources import Source, explain_worker_error
 from cluster.config import TrainConfig
 
 log = logging.getLogger("pstrain.chief")
+STALL_MIN_S = 10.0  # a block whose global step has not moved this long (and STALL_STEPS fast steps) is ended
+STALL_STEPS = 20
 
 
 def training_cluster(cluster: dict) -> dict:
@@ -241,6 +243,7 @@ class ClusterEngine:
         self._fetchers = futures.ThreadPoolExecutor(max_workers=2 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
         self._finished: list[int] = []  # the last block's slots in the order their closures finished
+        self._step_s = 1.0  # the fastest step seen (seconds): how long a block may go without progress
 
     def prepare(self, start_step: int) -> None:
         """Accumulators, the step gate, the per-worker data and the traced functions, for a run starting
@@ -276,6 +279,8 @@ class ClusterEngine:
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
         self._unblock_fn = tf.function(self.aggregator.unblock)
+        one_ps = len({v.device for v in self.state.model.weights} | {device}) == 1
+        self._apply_device = device if one_ps and os.environ.get("PSTRAIN_APPLY_ON", "ps") == "ps" else None
 
     def _build_worker_fn(self):
         global_step, aggregator, replica, gate = self.state.global_step, self.aggregator, self.replica, self.gate
@@ -353,7 +358,8 @@ class ClusterEngine:
                 means = aggregator.take_mean(step, chosen)
                 finite = all_finite(means)
                 ok = tf.reduce_all(finite)
-                proceed = tf.logical_not(stopping.read_value())
+                with tf.control_dependencies([ok]):  # read once the takes returned: an interrupt's pushes woke them
+                    proceed = tf.logical_not(stopping.read_value())
 
                 def advance(apply: bool):
                     def fn():
@@ -421,13 +427,17 @@ class ClusterEngine:
             remote = self.coordinator.schedule(self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
-        applying = self._fetchers.submit(self._apply_fn, first_t, count_t)
+        applying = self._fetchers.submit(self._apply_block, first_t, count_t)
         self._finished, results = [], {}
-        self._wait(applying, pending, results, interrupted)
+        stalled = self._wait(applying, pending, results, interrupted)
         losses, chosen, workers, late, finite, proceeded = (value.numpy() for value in applying.result())
+        if stalled:  # the accumulators hold the unblocking pushes: start afresh from the global step
+            self.prepare(int(self.state.global_step.numpy()))
         t2 = time.perf_counter()
+        if not stalled and proceeded.all() and count > 1:
+            self._step_s = min(self._step_s, (t2 - t1) / count)
         # Without backups every closure is in every step: wait for them all (they pushed the last step).
-        if t.total_num_replicas == t.replicas_to_aggregate:
+        if t.total_num_replicas == t.replicas_to_aggregate and not stalled:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
         slot_worker = {slot: int(out[0]) for slot, out in results.items()}
@@ -453,11 +463,21 @@ class ClusterEngine:
             steps[-1].read_ahead = sum(int(out[1]) for out in results.values())
         return steps
 
-    def _wait(self, applying, pending: dict, results: dict, interrupted: Callable[[], bool]) -> None:
+    def _apply_block(self, first: tf.Tensor, count: tf.Tensor):
+        """The block's apply loop: on the ps when there is one (no call between its steps leaves the ps);
+        with several ps on the chief, as a ps cannot reach another ps (ParameterServerStrategy's filters)."""
+        if self._apply_device is None:
+            return self._apply_fn(first, count)
+        with tf.device(self._apply_device):
+            return self._apply_fn(first, count)
+
+    def _wait(self, applying, pending: dict, results: dict, interrupted: Callable[[], bool]) -> bool:
         """Wait for `applying` (or, when None, for every closure in `pending`), surfacing closure errors at
-        once; when `interrupted()` turns true, stop the apply at the next step boundary."""
+        once. When `interrupted()` turns true, or the global step stalls (`_stalled`), stop the apply at
+        the next step boundary; returns whether it stalled."""
         waiting = set(pending) | ({applying} if applying else set())
-        unblocked_at = None
+        unblocked_at, stalled = None, False
+        progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
             done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
             for future in done:
@@ -465,11 +485,29 @@ class ClusterEngine:
                     continue
                 results[pending[future]] = future.result()  # a job error in a closure surfaces here
                 self._finished.append(pending[future])
-            if applying is not None and not applying.done() and interrupted():
+            if applying is None or applying.done():
+                continue
+            if not stalled and not interrupted() and time.monotonic() - progress[1] > 1.0:
+                progress, stalled = self._stalled(progress)
+            if stalled or interrupted():
                 now = time.monotonic()
                 if unblocked_at is None or now - unblocked_at > 0.5:
                     self._interrupt()
                     unblocked_at = now
+        return stalled
+
+    def _stalled(self, progress: tuple[int, float]) -> tuple[tuple[int, float], bool]:
+        """(the new (global step, when it last moved), whether it has not moved for too long). A block
+        stalls when a worker fails or hangs: ClusterCoordinator re-runs the worker's closure only after
+        the closures in flight end, and those wait at the gate for the failed slot."""
+        step = int(self.state.global_step.numpy())
+        if step != progress[0]:
+            return (step, time.monotonic()), False
+        silent = time.monotonic() - progress[1]
+        if silent <= max(STALL_MIN_S, STALL_STEPS * self._step_s):
+            return progress, False
+        log.warning("step %d: no progress for %.0fs (a worker failed or hangs); ending the block there", step, silent)
+        return progress, True
 
     def _interrupt(self) -> None:
         """Stop the running apply before its next update: set the flag it checks, and give every slot

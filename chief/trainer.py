@@ -123,7 +123,7 @@ class TrainingRun:
             raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
         startup.mark("wait for the servers")
         engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
-        startup.mark("connect, build and check the model")
+        startup.mark("connect and build and check the job")
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(engine.state.model.weights))
