@@ -21,6 +21,7 @@ from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
 from cluster.policy import Finish, GiveUp, chief_decision, restart_decision
+from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 from cluster.versions import local_versions
@@ -98,8 +99,22 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
-    run_dir = Path(train.run_dir)
+    with RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
+        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind)
+
+
+def launch_locked(
+    config: Config,
+    cluster: ClusterConfig,
+    creds: Credentials,
+    lock: RunDirLock,
+    local: frozenset[str],
+    local_tasks,
+    control_bind: str,
+) -> int:
+    train, run_dir = config.train, lock.run_dir
     rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
+    lock.set_control(cluster.control)
     hint = token_hint(cluster, run_dir, creds)
     supervisor = Supervisor(run_dir / "logs")
     registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
