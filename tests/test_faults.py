@@ -96,3 +96,44 @@ def test_chief_killed_same_command_resumes(tmp_path, reference):
     assert resumed_at >= 50 and resumed_at % 25 == 0, "resumed from the last checkpoint before the kill"
     assert_same_model(run_dir, reference)
     assert_no_orphans(second)
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # garbled: 64 bytes flipped in the middle, the size unchanged
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 64]) + data[middle + 64 :])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbled"])
+def test_damaged_newest_checkpoint_resumes_from_the_one_before(tmp_path, how):
+    """The newest checkpoint's data file is damaged after a finished run: the same command again says
+    which file is bad, resumes from the previous checkpoint, and ends with the same model."""
+    run_dir = tmp_path / "run"
+    args = ["train", "--standalone", "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "25"]
+    first = run_pstrain(args)
+    assert first.returncode == 0, first.output
+    reference = predictions(run_dir, digits.eval_data()[0])
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.index")) == ["ckpt-100.index", "ckpt-125.index", "ckpt-150.index"]
+    data = next(checkpoints.glob("ckpt-150.data-*"))
+    damage(data, how)
+    (checkpoints / "ckpt-175_temp").mkdir()  # what a save cut short leaves
+    (checkpoints / "ckpt-175_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 1000)
+    second = run_pstrain(args)
+    assert second.returncode == 0, second.output
+    assert f"pstrain: warning: checkpoint file {data} is damaged (" in second.output
+    assert f"pstrain: warning: resuming from {checkpoints / 'ckpt-125'} at step 125" in second.output
+    assert "steps 125..150" in second.output
+    assert not list(checkpoints.glob("*_temp*")), "leftovers of an interrupted save are removed"
+    assert (checkpoints / "damaged" / data.name).exists(), "the damaged file is kept aside, not resumed from"
+    assert_same_model_standalone(run_dir, reference)
+
+
+def assert_same_model_standalone(run_dir: Path, reference: np.ndarray, steps: int = STEPS) -> None:
+    records, done = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps)), "every step exactly once"
+    assert done is not None and done["steps"] == steps
+    np.testing.assert_allclose(predictions(run_dir, digits.eval_data()[0]), reference, atol=1e-4, rtol=0)
