@@ -25,7 +25,7 @@ import tf_keras
 from chief.jobs import Job
 from chief.model_state import ModelState, mirror_state
 from chief.sharding import copy_rows, shard_groups
-from cluster.errors import TrainingError
+from cluster.errors import TrainingError, writing
 
 MAX_TO_KEEP = 3  # a damaged newest checkpoint still leaves at least two good ones to resume from
 DAMAGED = "damaged"  # subdirectory where damaged checkpoints are moved, for inspection
@@ -177,4 +177,5 @@ class Checkpoints:
     def save(self, step: int) -> None:
         """Snapshot the training state (between steps) and write checkpoint `step`."""
         self.sync()
-        self.manager.save(checkpoint_number=step)
+        with writing(self.directory / f"ckpt-{step}"):
+            self.manager.save(checkpoint_number=step)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from chief.checkpoints import Checkpoints
+from chief.checkpoints import Checkpoints, remove_partial_saves
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepInterrupted, StepResult
 from chief.eval_set import EvalSet, eval_set
 from chief.export import evaluate, export_saved_model
@@ -34,7 +34,17 @@ from chief.sharding import placement_summary
 from chief.sources import explain_worker_error, train_source
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
-from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError, TrainingError, UserCodeError, user_error
+from cluster.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    DiskFullError,
+    PstrainError,
+    RestartableError,
+    TrainingError,
+    UserCodeError,
+    disk_full_path,
+    user_error,
+)
 from cluster.stop import StopTrap
 
 log = logging.getLogger("pstrain.chief")
@@ -258,10 +268,19 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         trace = record_traceback(run_dir, e.__cause__ or e, standalone)
         print(f"pstrain: error: {e}; traceback in {trace}", file=sys.stderr, flush=True)
         return e.exit_code
+    except RestartableError as e:  # the launcher restarts the chief, or says to run again: it speaks, not us
+        log.warning("%s", e)
+        return e.exit_code
     except PstrainError as e:
+        if isinstance(e, DiskFullError):
+            remove_partial_saves(run_dir / "checkpoints")  # frees their space; the last complete checkpoint stays
         print(f"pstrain: error: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a job that raises: one line here, the traceback in the log
+        if (full := disk_full_path(e, run_dir)) is not None:  # a write not wrapped in `writing`
+            remove_partial_saves(run_dir / "checkpoints")
+            print(f"pstrain: error: {DiskFullError(full)}", file=sys.stderr)
+            return EXIT_FAILURE
         if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
             print(f"pstrain: error: {data_error}", file=sys.stderr)  # e.g. a data file missing here
             return data_error.exit_code

@@ -8,10 +8,13 @@ standard library, so every role may import it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # training failed (NaN loss, a job that raises, a task lost for good)
@@ -130,3 +133,44 @@ def user_error(error: BaseException, job_file: str, step: int | None = None, wor
     worker = failed_worker(error) if worker is None else worker
     where = f" at step {step}" + (f" on worker {worker}" if worker is not None else "") if step is not None else ""
     return UserCodeError(f"{type(error).__name__}: {error_text(error)} ({file}:{line} in {function}){where}")
+
+
+class DiskFullError(PstrainError):
+    """A write failed for want of space; the run stops with its last complete checkpoint."""
+
+    def __init__(self, path: object):
+        super().__init__(f"no space left on device writing {path}; free space or use another --run-dir")
+        self.path = str(path)
+
+
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+_FULL_PATH = re.compile(r"(/[^\s;]+); (?:No space left on device|Disk quota exceeded)")
+
+
+def disk_full_path(error: BaseException, default: object = "") -> str | None:
+    """Where a write failed for want of space (`default` when the error does not say), or None when
+    `error` is something else: an OSError ENOSPC/EDQUOT, or TensorFlow's "PATH; No space left on device"."""
+    if isinstance(error, DiskFullError):
+        return error.path
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return str(error.filename or default)
+    text = str(getattr(error, "message", None) or error)
+    if not any(marker in text for marker in _DISK_FULL_TEXT):
+        return None
+    if default:
+        return str(default)
+    found = _FULL_PATH.search(text)
+    return found.group(1) if found else ""
+
+
+@contextmanager
+def writing(path: object) -> Iterator[None]:
+    """Turn a full disk while writing `path` into one DiskFullError naming it; other errors pass."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:
+        if disk_full_path(e, path) is None:
+            raise
+        raise DiskFullError(path) from e

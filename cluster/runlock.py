@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from cluster.errors import ConfigError
+from cluster.errors import ConfigError, writing
 
 LOCK_NAME = "pstrain.lock"
 SAME_PROCESS_S = 0.05  # create_time is a float rounded by the kernel's clock ticks; closer is the same process
@@ -115,8 +115,9 @@ class RunDirLock:
 
     def _write(self, holder: Holder) -> None:
         assert self._fd is not None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, (json.dumps(asdict(holder)) + "\n").encode(), 0)
+        with writing(self.path):
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, (json.dumps(asdict(holder)) + "\n").encode(), 0)
 
     def __exit__(self, *exc) -> None:
         if self._fd is None:
