@@ -262,13 +262,8 @@ class Supervision:
             if failure:
                 say(failure, error=True)
                 return EXIT_FAILURE
-            step = latest_checkpoint_step(self.run_dir)
-            say(
-                f"lost {self._lost_names()}; restarting the chief to resume from "
-                + (f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)")
-                + f" ({chief.restarts + 1} of {self.cluster.max_restarts})",
-                warning=True,
-            )
+            budget = f"{chief.restarts + 1} of {self.cluster.max_restarts}"
+            say(f"lost {self._lost_names()}; restarting the chief to resume from {self._resume_point()} ({budget})", warning=True)
             self.lost_ps = []
             self.registry.forget(chief.task)
             chief = self.supervisor.restart(chief)
@@ -276,10 +271,12 @@ class Supervision:
     def _lost_names(self) -> str:
         return ", ".join(dict.fromkeys(self.lost_ps)) or "a cluster task"
 
-    def _resume_hint(self) -> str:
+    def _resume_point(self) -> str:
         step = latest_checkpoint_step(self.run_dir)
-        where = f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
-        return f"run the same command again to resume from {where}"
+        return f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
+
+    def _resume_hint(self) -> str:
+        return f"run the same command again to resume from {self._resume_point()}"
 
     def _stop_outcome(self, returncode: int) -> str:
         """What the chief did with the stop it was sent (Popen's `returncode`): its stop path exits with
