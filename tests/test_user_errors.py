@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -84,3 +85,25 @@ def test_an_error_outside_the_job_is_not_the_users(job):
     except ValueError as e:
         assert user_error(e, job.__file__) is None
     assert user_error(RuntimeError("boom"), "") is None
+
+
+def test_loss_fn_shape_diagnosis_only_for_shape_problems():
+    """slot_loss says "make the labels match" for labels that do not fit the outputs, and lets a loss_fn's
+    own bug through (then reported by user_error with its file:line)."""
+    from chief.jobs import JobError
+    from chief.losses import slot_loss
+
+    predictions = tf.zeros((4, 10))
+
+    def mismatched(y_true, y_pred):
+        return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+    with pytest.raises(JobError, match=r"loss_fn failed on labels of shape \[4, 3\] .* make the labels match"):
+        slot_loss(mismatched, np.zeros((4, 3), np.int64), predictions, None, num_slots=2)
+
+    def buggy(y_true, y_pred):
+        raise ValueError("boom: not written yet")
+
+    with pytest.raises(ValueError, match="boom: not written yet") as raised:
+        slot_loss(buggy, np.zeros(4, np.int64), predictions, None, num_slots=2)
+    assert type(raised.value) is ValueError, "the job's own error, not a shape diagnosis"
