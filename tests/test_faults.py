@@ -127,12 +127,14 @@ def damage(path: Path, how: str) -> None:
         path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 64]) + data[middle + 64 :])
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbled"])
-def test_damaged_newest_checkpoint_resumes_from_the_one_before(tmp_path, how):
-    """The newest checkpoint's data file is damaged after a finished run: the same command again says
-    which file is bad, resumes from the previous checkpoint, and ends with the same model."""
+@pytest.mark.parametrize("how, resume", [("truncated", "standalone"), ("garbled", "cluster")])
+def test_damaged_newest_checkpoint_resumes_from_the_one_before(tmp_path, how, resume):
+    """The newest checkpoint's data file is damaged after a finished run: running again says which file
+    is bad, resumes from the previous checkpoint (standalone, or on a cluster through the chief's mirror),
+    and ends with the same model."""
     run_dir = tmp_path / "run"
-    args = ["train", "--standalone", "--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "25"]
+    flags = ["--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "25"]
+    args = ["train", "--standalone", *flags]
     first = run_pstrain(args)
     assert first.returncode == 0, first.output
     reference = predictions(run_dir, digits.eval_data()[0])
@@ -142,7 +144,7 @@ def test_damaged_newest_checkpoint_resumes_from_the_one_before(tmp_path, how):
     damage(data, how)
     (checkpoints / "ckpt-175_temp").mkdir()  # what a save cut short leaves
     (checkpoints / "ckpt-175_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 1000)
-    second = run_pstrain(args)
+    second = run_pstrain(args if resume == "standalone" else ["launch", *flags])
     assert second.returncode == 0, second.output
     assert f"pstrain: warning: checkpoint file {data} is damaged (" in second.output
     assert f"pstrain: warning: resuming from {checkpoints / 'ckpt-125'} at step 125" in second.output
