@@ -14,6 +14,9 @@ a second full-size value beside it. Evaluation and export use the mirror's model
 
 from __future__ import annotations
 
+import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
@@ -22,8 +25,52 @@ import tf_keras
 from chief.jobs import Job
 from chief.model_state import ModelState, mirror_state
 from chief.sharding import copy_rows, shard_groups
+from cluster.errors import TrainingError, writing
 
-MAX_TO_KEEP = 3
+MAX_TO_KEEP = 3  # a damaged newest checkpoint still leaves at least two good ones to resume from
+DAMAGED = "damaged"  # subdirectory where damaged checkpoints are moved, for inspection
+_STEP = re.compile(r"ckpt-(\d+)\.index$")
+# What a truncated or garbled checkpoint raises on restore (a checksum error, a short read).
+CORRUPT_ERRORS = (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.InvalidArgumentError, IndexError)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def short_reason(error: BaseException) -> str:
+    """An error's message on one line, without TF's `{{function_node ...}}` and `[Op:...]` wrapping."""
+    text = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]", "", str(error))
+    return " ".join(text.split())[:200]
+
+
+def checkpoint_prefixes(directory: Path) -> list[Path]:
+    """Every complete checkpoint's prefix (RUN_DIR/checkpoints/ckpt-N) in `directory`, oldest first."""
+    found = [(int(m.group(1)), p) for p in directory.glob("ckpt-*.index") if (m := _STEP.search(p.name))]
+    return [p.with_suffix("") for _, p in sorted(found)]
+
+
+def files_of(prefix: Path) -> list[Path]:
+    """The index and data files of one checkpoint."""
+    return sorted(prefix.parent.glob(prefix.name + ".*"))
+
+
+def remove_partial_saves(directory: Path) -> list[Path]:
+    """Delete what an interrupted save left (`ckpt-N_temp` files and directories); returns them."""
+    leftovers = sorted(directory.glob("*_temp*"))
+    for path in leftovers:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    return leftovers
+
+
+def damaged_file(prefix: Path) -> Path:
+    """Which file of a checkpoint that failed to restore is damaged: the index if it cannot be read, else its data."""
+    try:
+        tf.train.load_checkpoint(str(prefix))
+    except Exception:
+        return prefix.with_name(prefix.name + ".index")
+    data = [p for p in files_of(prefix) if ".data-" in p.name]
+    return data[0] if len(data) == 1 else prefix.with_name(prefix.name + ".data-*")
 
 
 def state_variables(state: ModelState) -> list[tf.Variable]:
@@ -36,9 +83,9 @@ class Checkpoints:
     """Save and restore `live` (the training state) in `directory`; `local`: a standalone run, whose
     live state is in this process and is saved as it is."""
 
-    def __init__(self, live: ModelState, job: Job, sample, directory: Path, local: bool):
+    def __init__(self, live: ModelState, job: Job, sample, directory: Path, local: bool, say: Callable[[str], None] = say):
         self.live = live
-        self.job, self.sample, self.directory = job, sample, directory
+        self.job, self.sample, self.directory, self.say = job, sample, directory, say
         self._mirror: ModelState | None = live if local else None
         self._manager: tf.train.CheckpointManager | None = None
         self.pairs: list[tuple[list[tf.Variable], tf.Variable]] = []  # (shards of a live variable, its mirror)
@@ -69,14 +116,49 @@ class Checkpoints:
         return tf.train.latest_checkpoint(str(self.directory))
 
     def restore_latest(self) -> int:
-        """Load the latest checkpoint into the training state; returns its global step (0 if none)."""
-        latest = self.latest
-        if latest:
+        """Load the newest checkpoint that restores into the training state; returns its global step
+        (0 if none). A damaged one (truncated, garbled) is moved to `damaged/`, said, and the one
+        before it tried; leftovers of an interrupted save are deleted first."""
+        remove_partial_saves(self.directory)
+        prefixes = checkpoint_prefixes(self.directory)
+        damaged: list[Path] = []
+        for prefix in reversed(prefixes):
             mirror, _ = self._ensure_mirror()
-            mirror.checkpoint().restore(latest).assert_existing_objects_matched()
+            try:
+                mirror.checkpoint().restore(str(prefix)).assert_existing_objects_matched()
+            except CORRUPT_ERRORS as e:
+                bad = damaged_file(prefix)
+                self.say(f"pstrain: warning: checkpoint file {bad} is damaged ({short_reason(e)}); trying the one before")
+                damaged.append(prefix)
+                continue
+            self._forget(damaged, prefixes)
             for shards, full in self.pairs:
                 copy_rows([full], shards)
-        return int(self.live.global_step.numpy())
+            step = int(self.live.global_step.numpy())
+            if damaged:
+                self.say(f"pstrain: warning: resuming from {prefix} at step {step}")
+            return step
+        if damaged:
+            self._forget(damaged, prefixes)
+            raise TrainingError(
+                f"every checkpoint in {self.directory} is damaged (moved to {self.directory / DAMAGED}); "
+                "use a new --run-dir, or move that directory away to start from step 0"
+            )
+        return 0
+
+    def _forget(self, damaged: list[Path], prefixes: list[Path]) -> None:
+        """Move damaged checkpoints aside and list only the good ones in the `checkpoint` state file."""
+        if not damaged:
+            return
+        (self.directory / DAMAGED).mkdir(exist_ok=True)
+        for prefix in damaged:
+            for path in files_of(prefix):
+                path.replace(self.directory / DAMAGED / path.name)
+        good = [p.name for p in prefixes if p not in damaged]  # relative, as CheckpointManager writes them
+        if good:
+            tf.compat.v1.train.update_checkpoint_state(str(self.directory), good[-1], all_model_checkpoint_paths=good)
+        else:
+            (self.directory / "checkpoint").unlink(missing_ok=True)
 
     def sync(self) -> None:
         """Copy the training state (between steps) into the local mirror."""
@@ -95,4 +177,5 @@ class Checkpoints:
     def save(self, step: int) -> None:
         """Snapshot the training state (between steps) and write checkpoint `step`."""
         self.sync()
-        self.manager.save(checkpoint_number=step)
+        with writing(self.directory / f"ckpt-{step}"):
+            self.manager.save(checkpoint_number=step)

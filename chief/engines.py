@@ -24,13 +24,14 @@ from chief.data import slot_indices
 from chief.gate import ABORT, StepGate
 from chief.gradients import all_finite, mean_of_slots, sparse_variables
 from chief.initial_values import PS_INIT_MIN_BYTES
-from chief.jobs import Job
+from chief.jobs import Job, job_file
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
 from chief.readahead import ReadAhead, request_tag, schedule_order
 from chief.replica import Replica, inspect_job, replica_step, state_variables
 from chief.sharding import partitioner
 from chief.sources import Source, explain_worker_error
 from cluster.config import TrainConfig
+from cluster.errors import user_error
 
 log = logging.getLogger("pstrain.chief")
 STALL_MIN_S = 10.0  # a block whose global step has not moved this long (and STALL_STEPS fast steps) is ended
@@ -141,7 +142,7 @@ class LocalEngine:
 
     def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
         """`source`: the training examples (chief/sources.py); `sample`: one example's features."""
-        self.train = train
+        self.train, self.job_spec = train, job.spec
         self.source = source
         self.state = build_state(job, train.seed, sample)
         self.replica = inspected_replica(job, self.state, train, source, sample)
@@ -185,7 +186,12 @@ class LocalEngine:
             # The same source and positions as the workers read: per slot a (features, labels[, weights]) nest.
             positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
             batches = [self.source.read_local(p) for p in positions]
-            loss, applied, finite = self._step_fn(tf.constant(step, tf.int64), batches)
+            try:
+                loss, applied, finite = self._step_fn(tf.constant(step, tf.int64), batches)
+            except tf.errors.OpError as e:  # e.g. a tf.debugging assertion in the job's model
+                if (found := user_error(e, job_file(self.job_spec), step)) is None:
+                    raise
+                raise found from e
             bad = first_nonfinite(finite.numpy().tolist(), self.names)
             results.append(StepResult(float(loss), t.replicas_to_aggregate, 0, applied=bool(applied), nonfinite=bad))
             if bad and t.on_nonfinite == "stop":
@@ -408,9 +414,19 @@ class ClusterEngine:
                 results += block
                 if len(block) < per_dispatch or any(not r.applied for r in block) or interrupted():
                     break  # interrupted, or a withheld step: the caller decides (skip mode carries on next call)
-        except tf.errors.OpError as e:  # a worker's data missing or different: one line naming it
-            raise (explain_worker_error(e, self.workers) or e) from None
+        except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
+            found = explain_worker_error(e, self.workers) or user_error(e, job_file(self.job.spec), self._open_step())
+            if found is None:
+                raise
+            raise found from e
         return results
+
+    def _open_step(self) -> int | None:
+        """The step the cluster was computing (the global step), for an error's message; None if unknown."""
+        try:
+            return int(self.state.global_step.numpy())
+        except tf.errors.OpError:
+            return None
 
     def _run(self, first: int, count: int, interrupted: Callable[[], bool]) -> list[StepResult]:
         t = self.train

@@ -12,6 +12,7 @@ import tf_keras
 
 from chief.eval_set import EvalSet
 from chief.jobs import Job, JobError
+from cluster.errors import DiskFullError, writing
 
 
 def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
@@ -80,6 +81,11 @@ def export_saved_model(model, sample: Any, path: Path) -> None:
         concrete = module.serve
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(module, str(tmp), signatures={"serving_default": concrete})
+    try:
+        with writing(path):
+            tf.saved_model.save(module, str(tmp), signatures={"serving_default": concrete})
+    except DiskFullError:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written model left behind
+        raise
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)

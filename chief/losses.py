@@ -8,12 +8,16 @@ the slots is Keras's. With reduction SUM a slot's loss is N * sum(w * l): the me
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import tensorflow as tf
 import tf_keras
 
 from chief.jobs import JobError
+
+# What TensorFlow and Keras say when labels and predictions do not fit together.
+_SHAPE_PROBLEM = re.compile(r"shape|dimension|rank|broadcast|incompatible|must have the same", re.I)
 
 
 def _shape(nest: Any) -> str:
@@ -79,6 +83,8 @@ def slot_loss(loss_fn: Any, labels: Any, predictions: Any, sample_weight: Any, n
         except JobError:
             raise
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+            if not _SHAPE_PROBLEM.search(str(e)):
+                raise  # a bug in loss_fn itself: reported with its file:line (cluster/errors.py user_error)
             message = " ".join(str(e).split())[:300]
             raise JobError(
                 f"{name} failed on labels of shape {list(y_true.shape)} and model output of shape {list(y_pred.shape)} "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from chief.tensorboard import TensorBoardLog
+from cluster.errors import writing
 
 
 class MetricsLog:
@@ -25,7 +26,7 @@ class MetricsLog:
         learning_rate: Callable[[int], float | None] | None = None,
     ):
         """`learning_rate(step)`, where given, adds "learning_rate" to every step record."""
-        self.path = path
+        self.path, self.tensorboard_dir = path, path.parent / "tensorboard"
         self.learning_rate = learning_rate
         kept, history = [], []
         if path.exists():
@@ -38,26 +39,34 @@ class MetricsLog:
                     kept.append(line)
                     history.append(record)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        tmp.replace(path)
-        self._file = open(path, "a", buffering=1)
-        self.tensorboard = TensorBoardLog(path.parent / "tensorboard", resume_step, examples_per_step, history)
+        with writing(path):
+            tmp.write_text("".join(f"{line}\n" for line in kept))
+            tmp.replace(path)
+            self._file = open(path, "a", buffering=1)
+        with writing(self.tensorboard_dir):
+            self.tensorboard = TensorBoardLog(self.tensorboard_dir, resume_step, examples_per_step, history)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.learning_rate and "step" in record and "event" not in record:
             rate = self.learning_rate(record["step"])
             record = record if rate is None else {**record, "learning_rate": rate}
-        self._file.write(json.dumps(record) + "\n")
-        self.tensorboard.write(record)
+        with writing(self.path):
+            self._file.write(json.dumps(record) + "\n")
+        with writing(self.tensorboard_dir):
+            self.tensorboard.write(record)
 
     def flush(self) -> None:
         """At checkpoints: what is on disk covers the checkpointed steps."""
-        self._file.flush()
-        self.tensorboard.flush()
+        with writing(self.path):
+            self._file.flush()
+        with writing(self.tensorboard_dir):
+            self.tensorboard.flush()
 
     def close(self) -> None:
-        self._file.close()
-        self.tensorboard.close()
+        with writing(self.path):
+            self._file.close()
+        with writing(self.tensorboard_dir):
+            self.tensorboard.close()
 
 
 def learning_rate_fn(optimizer: Any) -> Callable[[int], float | None]:

@@ -27,17 +27,27 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from chief.checkpoints import Checkpoints
+from chief.checkpoints import Checkpoints, remove_partial_saves
 from chief.engines import ClusterEngine, Engine, LocalEngine, StepResult
 from chief.eval_set import EvalSet, eval_set
 from chief.export import evaluate, export_saved_model
-from chief.jobs import Job, load_job
+from chief.jobs import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.sharding import placement_summary
 from chief.sources import explain_worker_error, train_source
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
-from cluster.errors import EXIT_FAILURE, EXIT_OK, PstrainError, RestartableError, TrainingError
+from cluster.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    DiskFullError,
+    PstrainError,
+    RestartableError,
+    TrainingError,
+    UserCodeError,
+    disk_full_path,
+    user_error,
+)
 from cluster.launch.lifetime import wait_until_ready
 from cluster.stop import StopTrap
 
@@ -275,6 +285,22 @@ def last_line(message: str) -> str:
     return lines[-1] if lines else ""
 
 
+def record_traceback(run_dir: Path, error: BaseException, standalone: bool) -> Path:
+    """Put `error`'s full traceback in the task's log (standalone: a file of that name); returns its path."""
+    path = run_dir / "logs" / "chief-0.log"
+    text = "".join(traceback.format_exception(error))
+    try:
+        if standalone:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(text)
+        else:  # the launcher copies this process's output to that log, and only pstrain's lines to the console
+            print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+    return path
+
+
 def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     """Run, turning user mistakes and training errors into one-line messages and exit codes."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
@@ -288,15 +314,29 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             raise RestartableError(
                 f"a cluster task became unreachable ({first}); run the same command again to resume from the last checkpoint"
             ) from None
+    except UserCodeError as e:  # raised by the engine, which knows the step
+        trace = record_traceback(run_dir, e.__cause__ or e, standalone)
+        print(f"pstrain: error: {e}; traceback in {trace}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except RestartableError as e:  # the launcher restarts the chief, or says to run again: it speaks, not us
+        log.warning("%s", e)
+        return e.exit_code
     except PstrainError as e:
+        if isinstance(e, DiskFullError):
+            remove_partial_saves(run_dir / "checkpoints")  # frees their space; the last complete checkpoint stays
         print(f"pstrain: error: {e}", file=sys.stderr)
         return e.exit_code
-    except Exception as e:  # a job that raises: one line here, the traceback in the log dir
+    except Exception as e:  # a job that raises: one line here, the traceback in the log
+        if (full := disk_full_path(e, run_dir)) is not None:  # a write not wrapped in `writing`
+            remove_partial_saves(run_dir / "checkpoints")
+            print(f"pstrain: error: {DiskFullError(full)}", file=sys.stderr)
+            return EXIT_FAILURE
         if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
             print(f"pstrain: error: {data_error}", file=sys.stderr)  # e.g. a data file missing here
             return data_error.exit_code
-        trace = run_dir / "logs" / "chief-0.traceback"
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        trace.write_text(traceback.format_exc())
+        trace = record_traceback(run_dir, e, standalone)
+        if found := user_error(e, job_file(train.job)):
+            print(f"pstrain: error: {found}; traceback in {trace}", file=sys.stderr, flush=True)
+            return found.exit_code
         print(f"pstrain: error: {type(e).__name__}: {last_line(str(e))} (traceback in {trace})", file=sys.stderr)
         return EXIT_FAILURE

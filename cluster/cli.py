@@ -308,11 +308,16 @@ def run_standalone(config: Config) -> int:
 
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.pop("TF_CONFIG", None)
-    run_dir = Path(config.train.run_dir)
-    rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
-    from chief.trainer import main_guarded
+    from cluster.errors import writing
+    from cluster.runlock import RunDirLock
 
-    return main_guarded(run_dir, config.train, standalone=True)
+    run_dir = Path(config.train.run_dir)
+    with RunDirLock(run_dir, "pstrain train --standalone"):
+        with writing(run_dir):
+            rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
+        from chief.trainer import main_guarded
+
+        return main_guarded(run_dir, config.train, standalone=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,13 @@ standard library, so every role may import it.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import signal
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # training failed (NaN loss, a job that raises, a task lost for good)
@@ -52,3 +58,119 @@ def returncode_exit_code(returncode: int) -> int:
 
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
+
+
+class UserCodeError(PstrainError):
+    """An exception raised by the job's own code (model_fn, a data function, loss_fn, a layer's call)."""
+
+    exit_code = EXIT_USAGE
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_GRPC = re.compile(r'grpc_message:"((?:[^"\\]|\\.)*)"')
+_REMOTE = re.compile(r"\nAdditional GRPC error information from remote target /job:worker/replica:\d+/task:(\d+)")
+_ROOT_ERRORS = re.compile(r"^\s*(Graph execution error:\s*)?\d+ root error\(s\) found\.\s*\(0\) [A-Z_]+:\s*")
+_NEXT_ROOT_ERROR = re.compile(r"\n\s*\(1\) [A-Z_]+:|\n\d+ successful operations")
+_TF_NOISE = re.compile(r"\[\[\{\{node [^}]*\}\}\]\]|\{\{function_node [^}]*\}\}|\[Op:[^\]]*\]|Graph execution error:")
+
+
+def job_frame(error: BaseException, job_file: str) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost place in `job_file` that `error` passed through: a frame
+    of its traceback (or of a cause's), else the last such frame TensorFlow quotes in its message (where
+    a traced op was defined, for an error raised when the graph runs). None: the job's code is not involved."""
+    target = os.path.realpath(job_file)
+    seen, found = set(), None
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen and found is None:
+        seen.add(id(cause))
+        frames = [f for f in traceback.extract_tb(cause.__traceback__) if os.path.realpath(f.filename) == target]
+        if frames:
+            found = (frames[-1].filename, frames[-1].lineno or 0, frames[-1].name)
+        cause = cause.__cause__ or cause.__context__
+    if found:
+        return found
+    quoted = [m for m in _FRAME.finditer(str(error)) if os.path.realpath(m.group(1)) == target]
+    return (quoted[-1].group(1), int(quoted[-1].group(2)), quoted[-1].group(3)) if quoted else None
+
+
+def error_text(error: BaseException) -> str:
+    """The exception's own message on one line: without gRPC's wrapping, TensorFlow's node names and the
+    definition traceback TensorFlow quotes (the message follows its last frame)."""
+    text = str(getattr(error, "message", None) or error)
+    text = text.split("\nAdditional GRPC error information", 1)[0]
+    frames = list(_FRAME.finditer(text))
+    if frames:  # '  File "x.py", line 3, in f\n[    source line]\n\nthe message'
+        rest = text[frames[-1].end() :]
+        text = rest.split("\n\n", 1)[1] if "\n\n" in rest.strip("\n") else rest
+        text = text.strip().removeprefix(f"{type(error).__name__}: ")  # autograph repeats the type
+    elif grpc := _GRPC.search(text):  # ':UNKNOWN:Error received from peer {grpc_status:3, grpc_message:"..."}'
+        text = grpc.group(1).replace("\\n", "\n").replace("\\t", " ").replace('\\"', '"')
+    text = _ROOT_ERRORS.sub("", text, count=1)
+    text = _NEXT_ROOT_ERROR.split(text, maxsplit=1)[0]  # several workers failing alike: the first one
+    text = " ".join(_TF_NOISE.sub(" ", text).split())
+    return text[:240] + (" ..." if len(text) > 240 else "")
+
+
+def failed_worker(error: BaseException) -> int | None:
+    """The worker a remote error came from, where TensorFlow's message names it."""
+    found = _REMOTE.search(str(getattr(error, "message", None) or error))
+    return int(found.group(1)) if found else None
+
+
+def user_error(error: BaseException, job_file: str, step: int | None = None, worker: int | None = None) -> UserCodeError | None:
+    """One line for an exception raised in the job's code (None when it was not): the exception, the
+    job's file:line, and for an error while training the step and the worker (named by TensorFlow's
+    message unless given)."""
+    frame = job_frame(error, job_file) if job_file else None
+    if frame is None:
+        return None
+    file, line, function = frame
+    try:
+        shown = os.path.relpath(file)
+        file = shown if not shown.startswith("..") else file
+    except ValueError:
+        pass
+    worker = failed_worker(error) if worker is None else worker
+    where = f" at step {step}" + (f" on worker {worker}" if worker is not None else "") if step is not None else ""
+    return UserCodeError(f"{type(error).__name__}: {error_text(error)} ({file}:{line} in {function}){where}")
+
+
+class DiskFullError(PstrainError):
+    """A write failed for want of space; the run stops with its last complete checkpoint."""
+
+    def __init__(self, path: object):
+        super().__init__(f"no space left on device writing {path}; free space or use another --run-dir")
+        self.path = str(path)
+
+
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+_FULL_PATH = re.compile(r"(/[^\s;]+); (?:No space left on device|Disk quota exceeded)")
+
+
+def disk_full_path(error: BaseException, default: object = "") -> str | None:
+    """Where a write failed for want of space (`default` when the error does not say), or None when
+    `error` is something else: an OSError ENOSPC/EDQUOT, or TensorFlow's "PATH; No space left on device"."""
+    if isinstance(error, DiskFullError):
+        return error.path
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return str(error.filename or default)
+    text = str(getattr(error, "message", None) or error)
+    if not any(marker in text for marker in _DISK_FULL_TEXT):
+        return None
+    if default:
+        return str(default)
+    found = _FULL_PATH.search(text)
+    return found.group(1) if found else ""
+
+
+@contextmanager
+def writing(path: object) -> Iterator[None]:
+    """Turn a full disk while writing `path` into one DiskFullError naming it; other errors pass."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:
+        if disk_full_path(e, path) is None:
+            raise
+        raise DiskFullError(path) from e

@@ -53,3 +53,23 @@ def chief_decision(exit_code: int, restarts: int, max_restarts: int, stop_code: 
     if exit_code == EXIT_RESTARTABLE and restarts < max_restarts:
         return Restart(delay_s=0.0)
     return Finish(exit_code)
+
+
+@dataclass(frozen=True)
+class Kill:
+    """End the task now (SIGKILL, by pid); it is then restarted like a task that died."""
+
+
+@dataclass(frozen=True)
+class EndRun:
+    """Stop the run: the chief checkpoints, the launcher exits 1 saying why."""
+
+
+def silent_task_decision(started_here: bool, running: bool) -> Kill | EndRun | None:
+    """A ps or worker sent no heartbeat for `heartbeat_timeout`. One this launcher started (`started_here`)
+    is hung, not cut off: killing it lets ClusterCoordinator re-run its closures elsewhere and the restart
+    bring it back. One on another machine may only be unreachable, and cannot be killed from here: the
+    run ends with a checkpoint. A local task that is no longer `running` is the restart policy's (None)."""
+    if started_here:
+        return Kill() if running else None
+    return EndRun()

@@ -79,6 +79,22 @@ def write_secret(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
+def checkpoint_step(state_text: str) -> int | None:
+    """The step of the latest checkpoint a `checkpoints/checkpoint` state file names (None: none). Pure."""
+    import re
+
+    found = re.search(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', state_text, re.M)
+    return int(found.group(1)) if found else None
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the run's latest complete checkpoint, read without TensorFlow; None when there is none."""
+    try:
+        return checkpoint_step((run_dir / "checkpoints" / "checkpoint").read_text())
+    except OSError:
+        return None
+
+
 def load_train(run_dir: Path) -> TrainConfig:
     record = json.loads((run_dir / "cluster.json").read_text())
     return TrainConfig(**record["train"])

@@ -146,15 +146,16 @@ def step_lines(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def kill_task_when(run_dir: Path, task_type: str, index: int, after_steps: int, killed: list):
-    """A `run_pstrain` signal_when callback: SIGKILL one task once `after_steps` steps are logged."""
+def kill_task_when(run_dir: Path, task_type: str, index: int, after_steps: int, killed: list, sig: int = signal.SIGKILL):
+    """A `run_pstrain` signal_when callback: send `sig` (SIGKILL; SIGSTOP hangs it) to one task once
+    `after_steps` steps are logged; `killed` gets its pid."""
 
     def act() -> bool:
         if killed or step_lines(run_dir) < after_steps:
             return False
         pid = task_pid(current_launcher, task_type, index)
         if pid:
-            psutil.Process(pid).kill()
+            psutil.Process(pid).send_signal(sig)
             killed.append(pid)
         return bool(killed)
 

@@ -72,28 +72,55 @@ def test_server_with_invalid_tf_config(tf_config, message):
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+ASSERT_LINE = 'message="the bias moved"'  # FrozenBias's assertion in tests/jobs/broken.py
+
+
+def job_line(text: str) -> str:
+    """tests/jobs/broken.py:N, N the line that holds `text`: where a job's error must point."""
+    lines = (ROOT / "tests" / "jobs" / "broken.py").read_text().splitlines()
+    return f"tests/jobs/broken.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(
-    "job, code, message",
+    "job, code, message, where",
     [
-        ("tests.jobs.broken:NoModel", 2, "--job tests.jobs.broken:NoModel: missing model_fn"),
-        ("tests.jobs.broken:Raises", 1, "ValueError: layer sizes must be positive"),
-        ("tests.jobs.broken:Diverges", 1, "step 0: loss is nan"),
+        ("tests.jobs.broken:NoModel", 2, "--job tests.jobs.broken:NoModel: missing model_fn", ""),
+        ("tests.jobs.broken:Raises", 2, "ValueError: layer sizes must be positive", "layer sizes must be positive"),
+        ("tests.jobs.broken:Diverges", 1, "step 0: loss is nan", ""),
+        ("tests.jobs.broken:AssertsAtStep1", 2, "InvalidArgumentError: assertion failed: [the bias moved]", ASSERT_LINE),
     ],
 )
-def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message):
+def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message, where):
     result = run_pstrain(["launch", "--job", job, "--steps", "5", "--run-dir", str(tmp_path / "r")], timeout=180)
     assert_one_line_error(result, message, code=code)
-    assert f"pstrain: chief-0 exited with code {code}; its log: {tmp_path / 'r' / 'logs' / 'chief-0.log'}" in result.output
+    log = tmp_path / "r" / "logs" / "chief-0.log"
+    assert f"pstrain: chief-0 exited with code {code}; its log: {log}" in result.output
     assert "I0000" not in result.output and "oneDNN" not in result.output, "TensorFlow's output stays in the logs"
     assert len(result.seen_pids) >= 4, "the cluster was started"
+    if where:  # the job's own line, the step and worker of a run-time error; the traceback in the chief's log
+        function = "call) at step 1 on worker " if "Asserts" in job else "model_fn); traceback in"
+        assert f"({job_line(where)} in {function}" in result.output, result.output
+        assert "Traceback (most recent call last)" in log.read_text() and "grpc_message" not in result.output
     assert_no_orphans(result)
 
 
 @pytest.mark.cluster
-def test_standalone_reports_the_same_errors(tmp_path):
-    args = ["train", "--standalone", "--job", "tests.jobs.broken:Diverges", "--run-dir", str(tmp_path / "r")]
-    assert_one_line_error(run_pstrain(args, timeout=120), "step 0: loss is nan", code=1)
+@pytest.mark.parametrize(
+    "job, code, message",
+    [
+        ("Diverges", 1, "step 0: loss is nan"),
+        ("LossRaises", 2, "ValueError: boom: this loss is not written yet ({} in loss_fn); traceback in"),
+        ("AssertsAtStep1", 2, "InvalidArgumentError: assertion failed: [the bias moved]"),
+    ],
+)
+def test_standalone_reports_the_same_errors(tmp_path, job, code, message):
+    """A loss_fn raising while traced is the job's bug, not a shape mismatch: its own line, exit 2."""
+    args = ["train", "--standalone", "--job", f"tests.jobs.broken:{job}", "--run-dir", str(tmp_path / "r")]
+    result = run_pstrain(args, timeout=120)
+    assert_one_line_error(result, message.format(job_line("boom: this loss")), code=code)
+    if job == "AssertsAtStep1":
+        assert f"({job_line(ASSERT_LINE)} in call) at step 1; traceback in" in result.output
 
 
 def test_gpu_index_the_machine_does_not_have(tmp_path):

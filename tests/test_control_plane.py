@@ -130,8 +130,8 @@ def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
 @pytest.mark.cluster
 def test_live_status_wrong_token_and_lost_worker(tmp_path):
     """A real local cluster: status shows every task; a wrong token is refused while training goes on;
-    a worker that stops heartbeating (SIGSTOP) is shown as lost within the timeout, which ends the
-    run with a clear error and a checkpoint that the same command resumes from."""
+    a worker that stops heartbeating (SIGSTOP) is lost once silent past the timeout, and being a task
+    of this machine it is then killed and restarted while the run goes on to the end."""
     run_dir = tmp_path / "run"
     config = tmp_path / "c.toml"
     config.write_text("[cluster]\nheartbeat_interval = 0.5\nheartbeat_timeout = 2.0\n")
@@ -153,17 +153,15 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
             seen["step_after_refusal"] = json.loads(status_json(control, token_file).stdout)["step"]
-            pid = next(row["pid"] for row in status["tasks"] if row["task"] == "worker:1")
-            psutil.Process(pid).send_signal(signal.SIGSTOP)
+            seen["pid"] = next(row["pid"] for row in status["tasks"] if row["task"] == "worker:1")
+            psutil.Process(seen["pid"]).send_signal(signal.SIGSTOP)
             seen["stopped_at"] = time.monotonic()
             return False
-        if "lost_after" not in seen:
-            # Poll in-process (real gRPC, no interpreter start-up per poll) to time the transition.
+        if "lost_after" not in seen and not psutil.pid_exists(seen["pid"]):  # the launcher killed it once lost
+            seen["lost_after"] = time.monotonic() - seen["stopped_at"]
+            # Polled in-process (real gRPC, no interpreter start-up per poll).
             reply = stub(control, Credentials(token_file.read_text().strip())).Status(pb.StatusRequest(), timeout=5)
-            rows = {row["task"]: row for row in status_dict(reply)["tasks"]}
-            if rows["worker:1"]["state"] == "lost":
-                seen["lost_after"] = time.monotonic() - seen["stopped_at"]
-                seen["others"] = {t: r["state"] for t, r in rows.items() if t != "worker:1"}
+            seen["others"] = {row["task"]: row["state"] for row in status_dict(reply)["tasks"] if row["task"] != "worker:1"}
         return False
 
     result = run_pstrain(args, signal_when=drive)
@@ -171,17 +169,12 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     refused = seen["refused"]
     assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
     assert seen["step_after_refusal"] >= 30, "training went on after the refused call"
-    # Lost once silent past the 2 s timeout (its last heartbeat came up to one 0.5 s interval before
-    # SIGSTOP), allowing polling slack.
-    assert seen["lost_after"] is not None and 2.0 - 0.5 <= seen["lost_after"] < 2.0 + 1.5, seen
+    # Lost, then killed, once silent past the 2 s timeout (its last heartbeat came up to one 0.5 s
+    # interval before SIGSTOP), allowing polling slack.
+    assert seen.get("lost_after") is not None and 2.0 - 0.5 <= seen["lost_after"] < 2.0 + 1.5, seen
     assert seen["others"]["worker:0"] == "serving"
-    assert result.returncode == 1, result.output
-    assert "pstrain: error: lost worker:1 at 127.0.0.1:" in result.output
-    assert_no_orphans(result)
-    stopped_at = len(metrics(run_dir)[0])
-    resumed = run_pstrain(args)
-    assert resumed.returncode == 0, resumed.output
-    assert f"steps {stopped_at}..300" in resumed.output, "resumed from the checkpoint written when the run stopped"
+    assert result.returncode == 0, result.output
+    assert "pstrain: warning: worker-1 sent no heartbeat for 2s (hung?) and was killed; restarting (1 of 3)" in result.output
     steps, _ = metrics(run_dir)
     assert [s["step"] for s in steps] == list(range(300)) and all(s["aggregated"] == 2 for s in steps)
-    assert_no_orphans(resumed)
+    assert_no_orphans(result)

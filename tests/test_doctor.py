@@ -20,7 +20,7 @@ import pytest
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve
-from cluster.doctor import checks
+from cluster.doctor import checks, facts
 from cluster.doctor.checks import Check, Gpu, GpuProcess, Probe, Smi
 from cluster.doctor.run import cluster_checks
 from cluster.versions import local_versions
@@ -120,6 +120,22 @@ def test_network_environment_and_disk_checks():
     assert checks.run_dir("runs", "", 10 << 30)[0].level == "OK"
     assert checks.run_dir("runs", "Permission denied", 0)[0].level == "FAIL"
     assert checks.run_dir("runs", "", 1 << 20)[0].level == "FAIL"
+    assert checks.run_dir("runs", "", 10 << 30, checkpoint_bytes=3 << 30)[0].level == "OK"
+    few = checks.run_dir("runs", "", 5 << 30, checkpoint_bytes=2 << 30)[0]
+    assert (few.level, few.message) == ("WARN", "runs: 5.0 GiB free, less than 3 checkpoints of 2.0 GiB")
+
+
+def test_checkpoint_bytes_is_the_newest_checkpoints_size(tmp_path):
+    """Found in a run dir, or in the run dirs inside the doctor's `runs`."""
+    assert facts.checkpoint_bytes(tmp_path) == 0
+    old, new = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    for directory, step, size in ((old, 10, 5000), (new, 20, 300)):
+        directory.mkdir(parents=True)
+        (directory / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"\0" * size)
+        (directory / f"ckpt-{step}.index").write_bytes(b"\0" * 100)
+    os.utime(old / "ckpt-10.index", (1, 1))  # b's is the newest
+    assert facts.checkpoint_bytes(tmp_path) == 400
+    assert facts.checkpoint_bytes(tmp_path / "a") == 5100
     assert checks.exposure(["127.0.0.1", "10.0.0.5", "192.168.1.2", "fe80::1"], {"worker-0": "10.0.0.5"})[0].level == "OK"
     public = checks.exposure(["10.0.0.5", "8.8.8.8"], {})[0]
     assert public.level == "WARN" and "8.8.8.8" in public.message

@@ -6,15 +6,19 @@ equals it), with the same job, seed, steps and global batch.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from chief.jobs import digits
-from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain
+from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain, step_lines
 
 pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
 
@@ -54,17 +58,32 @@ def launch_args(run_dir: Path, steps: int = STEPS) -> list[str]:
     return ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "25"]
 
 
-def test_worker_killed_training_goes_on_and_the_worker_rejoins(tmp_path, references):
-    steps = 600  # long enough after the kill for the restarted worker (a new TF process) to rejoin
-    run_dir, killed = tmp_path / "run", []
+def test_worker_killed_or_hung_training_goes_on_and_the_worker_rejoins(tmp_path, references):
+    """worker-1 is killed at step 30; later worker-0 hangs (SIGSTOP): silent past the heartbeat timeout,
+    the launcher kills and restarts it, its closures are re-run on worker-1, and the run completes."""
+    steps = 600  # long enough after each fault for the restarted worker (a new TF process) to rejoin
+    config = tmp_path / "cluster.toml"
+    config.write_text("[cluster]\nheartbeat_interval = 0.5\nheartbeat_timeout = 4\n")
+    run_dir, killed, hung = tmp_path / "run", [], []
     kill = kill_task_when(run_dir, "worker", 1, 30, killed)
-    result = run_pstrain(launch_args(run_dir, steps), signal_when=kill, send=None)
-    assert killed, "the worker was killed during the run"
+    hang = kill_task_when(run_dir, "worker", 0, 300, hung, sig=signal.SIGSTOP)
+
+    def faults() -> bool:
+        kill() or hang()
+        return bool(killed and hung)
+
+    result = run_pstrain([*launch_args(run_dir, steps), "--config", str(config)], signal_when=faults, send=None)
+    assert killed and hung, "one worker was killed and the other hung during the run"
     assert result.returncode == 0, result.output
-    assert "worker-1 exited with code 137; restarting" in result.output
-    assert (run_dir / "logs" / "worker-1.log").read_text().count("registered with the control plane") == 2
+    assert "pstrain: warning: worker-1 exited (137); restarting (1 of 3) in 1s" in result.output
+    hang_line = "pstrain: warning: worker-0 sent no heartbeat for 4s (hung?) and was killed; restarting (1 of 3) in 1s"
+    assert hang_line in result.output
+    assert "pstrain: error" not in result.output, "recoveries are warnings"
+    for worker in (0, 1):
+        log = (run_dir / "logs" / f"worker-{worker}.log").read_text()
+        assert log.count("registered with the control plane") == 2, f"worker-{worker} restarted once"
     records, _ = metrics(run_dir)
-    assert any(1 in r["workers"] for r in records[40:]), "the restarted worker contributes again"
+    assert any(1 in r["workers"] for r in records[40:]), "the restarted worker-1 contributes again"
     assert_same_model(run_dir, references(steps), steps)
     assert_no_orphans(result)
 
@@ -77,8 +96,9 @@ def test_ps_killed_cluster_restarts_it_and_recomputes_lost_steps(tmp_path, refer
     result = run_pstrain(args, signal_when=kill_task_when(run_dir, "ps", victim, 40, killed), send=None)
     assert killed
     assert result.returncode == 0, result.output
-    assert f"ps-{victim} exited with code 137; restarting" in result.output
-    assert "restarting the chief to resume from its checkpoint" in result.output
+    assert f"pstrain: warning: ps-{victim} exited (137); restarting (1 of 3)" in result.output
+    assert f"pstrain: warning: lost ps-{victim}; restarting the chief to resume from checkpoint step " in result.output
+    assert "pstrain: error" not in result.output and "run the same command" not in result.output, "pstrain recovers by itself"
     assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text() or "steps 25.." in result.output
     assert_same_model(run_dir, reference)
     assert_no_orphans(result)
@@ -96,3 +116,101 @@ def test_chief_killed_same_command_resumes(tmp_path, reference):
     assert resumed_at >= 50 and resumed_at % 25 == 0, "resumed from the last checkpoint before the kill"
     assert_same_model(run_dir, reference)
     assert_no_orphans(second)
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # garbled: 64 bytes flipped in the middle, the size unchanged
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 64]) + data[middle + 64 :])
+
+
+@pytest.mark.parametrize("how, resume", [("truncated", "standalone"), ("garbled", "cluster")])
+def test_damaged_newest_checkpoint_resumes_from_the_one_before(tmp_path, how, resume):
+    """The newest checkpoint's data file is damaged after a finished run: running again says which file
+    is bad, resumes from the previous checkpoint (standalone, or on a cluster through the chief's mirror),
+    and ends with the same model."""
+    run_dir = tmp_path / "run"
+    flags = ["--run-dir", str(run_dir), "--steps", str(STEPS), "--checkpoint-every", "25"]
+    args = ["train", "--standalone", *flags]
+    first = run_pstrain(args)
+    assert first.returncode == 0, first.output
+    reference = predictions(run_dir, digits.eval_data()[0])
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.index")) == ["ckpt-100.index", "ckpt-125.index", "ckpt-150.index"]
+    data = next(checkpoints.glob("ckpt-150.data-*"))
+    damage(data, how)
+    (checkpoints / "ckpt-175_temp").mkdir()  # what a save cut short leaves
+    (checkpoints / "ckpt-175_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 1000)
+    second = run_pstrain(args if resume == "standalone" else ["launch", *flags])
+    assert second.returncode == 0, second.output
+    assert f"pstrain: warning: checkpoint file {data} is damaged (" in second.output
+    assert f"pstrain: warning: resuming from {checkpoints / 'ckpt-125'} at step 125" in second.output
+    assert "steps 125..150" in second.output
+    assert not list(checkpoints.glob("*_temp*")), "leftovers of an interrupted save are removed"
+    assert (checkpoints / "damaged" / data.name).exists(), "the damaged file is kept aside, not resumed from"
+    assert_same_model_standalone(run_dir, reference)
+
+
+def assert_same_model_standalone(run_dir: Path, reference: np.ndarray, steps: int = STEPS) -> None:
+    records, done = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps)), "every step exactly once"
+    assert done is not None and done["steps"] == steps
+    np.testing.assert_allclose(predictions(run_dir, digits.eval_data()[0]), reference, atol=1e-4, rtol=0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of its own (tmpfs, 64 MiB), unmounted afterwards; skipped where mounting is refused."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Take every free byte of `disk`."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(small_disk):
+    run_dir, filled = small_disk / "run", []
+
+    def fill_at_step_40() -> bool:
+        if not filled and step_lines(run_dir) >= 40:
+            fill(small_disk)
+            filled.append(True)
+        return bool(filled)
+
+    args = ["launch", "--run-dir", str(run_dir), "--steps", "3000", "--checkpoint-every", "10"]
+    result = run_pstrain(args, signal_when=fill_at_step_40, send=None)
+    assert filled, "the disk filled up during the run"
+    assert result.returncode == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1, result.output
+    assert errors[0].startswith(f"pstrain: error: no space left on device writing {run_dir}/"), errors[0]
+    assert errors[0].endswith("; free space or use another --run-dir"), errors[0]
+    assert "Traceback" not in result.output and "Exception in thread" not in result.output, result.output
+    assert not [p for p in run_dir.rglob("*") if "_temp" in p.name or p.name.endswith(".tmp")], "no half-written files"
+    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    assert latest and int(latest.rsplit("-", 1)[1]) >= 30, latest
+    reader = tf.train.load_checkpoint(latest)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)  # every value reads back: the last checkpoint is intact
+    assert_no_orphans(result)

@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from cluster.errors import EXIT_RESTARTABLE, ConfigError, PstrainError, RestartableError, TrainingError, returncode_exit_code
-from cluster.policy import Finish, GiveUp, Restart, chief_decision, restart_decision
+from cluster.policy import EndRun, Finish, GiveUp, Kill, Restart, chief_decision, restart_decision, silent_task_decision
+from cluster.rundir import checkpoint_step
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 
@@ -77,3 +78,27 @@ def test_error_exit_codes():
         1,
     ]
     assert returncode_exit_code(-9) == 137 and returncode_exit_code(3) == 3
+
+
+@pytest.mark.parametrize(
+    "started_here, running, expected",
+    [
+        (True, True, Kill()),  # hung here: killed, then restarted like a dead task
+        (True, False, None),  # already dead here: the restart policy's
+        (False, False, EndRun()),  # on another machine: maybe only cut off, cannot be killed from here
+    ],
+)
+def test_silent_task_decision(started_here, running, expected):
+    assert silent_task_decision(started_here, running) == expected
+
+
+@pytest.mark.parametrize(
+    "text, step",
+    [
+        ('model_checkpoint_path: "ckpt-75"\nall_model_checkpoint_paths: "ckpt-50"\n', 75),
+        ('model_checkpoint_path: "/runs/x/checkpoints/ckpt-1200"\n', 1200),
+        ("", None),
+    ],
+)
+def test_checkpoint_step(text, step):
+    assert checkpoint_step(text) == step

@@ -80,6 +80,13 @@ def load_job(spec: str) -> Job:
     )
 
 
+def job_file(spec: str) -> str:
+    """The source file of an imported job's module ("" when it is not imported): where its errors point."""
+    import sys
+
+    return getattr(sys.modules.get(spec.partition(":")[0]), "__file__", None) or ""
+
+
 def checked_arrays(spec: str, what: str, data: Any) -> tuple:
     """Validate a data function's result: (features, labels) or (features, labels, sample_weights),
     each a NumPy array or a nest (dict, tuple, list) of arrays, all with the same number of rows."""

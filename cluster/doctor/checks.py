@@ -337,14 +337,28 @@ def tf_config(value: str | None) -> list[Check]:
     ]
 
 
-def run_dir(path: str, writable: str, free_bytes: int, min_free: int = 1 << 30) -> list[Check]:
-    """`writable`: "" when a file could be written there, else why not."""
+CHECKPOINTS_OF_ROOM = 3  # a save writes a whole new checkpoint before the oldest kept one is deleted
+
+
+def run_dir(path: str, writable: str, free_bytes: int, checkpoint_bytes: int = 0, min_free: int = 1 << 30) -> list[Check]:
+    """`writable`: "" when a file could be written there, else why not; `checkpoint_bytes`: the size of
+    the newest checkpoint there (0: none yet)."""
     name = "run_dir"
     if writable:
         return [Check("FAIL", name, f"{path}: cannot write ({writable})", "choose a writable --run-dir")]
     gib = free_bytes / (1 << 30)
     if free_bytes < min_free:
         return [Check("FAIL", name, f"{path}: only {gib:.2f} GiB free", "free disk space or choose another --run-dir")]
+    if free_bytes < CHECKPOINTS_OF_ROOM * checkpoint_bytes:
+        size = checkpoint_bytes / (1 << 30)
+        return [
+            Check(
+                "WARN",
+                name,
+                f"{path}: {gib:.1f} GiB free, less than {CHECKPOINTS_OF_ROOM} checkpoints of {size:.1f} GiB",
+                "free disk space or choose another --run-dir: a full disk stops the run at its last checkpoint",
+            )
+        ]
     return [Check("OK", name, f"{path}: writable, {gib:.1f} GiB free")]
 
 

@@ -15,13 +15,24 @@ from cluster.control.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlPlane, serve
-from cluster.errors import EXIT_FAILURE, ConfigError, PstrainError, returncode_exit_code
+from cluster.errors import (
+    EXIT_FAILURE,
+    EXIT_RESTARTABLE,
+    ConfigError,
+    DiskFullError,
+    PstrainError,
+    returncode_exit_code,
+    signal_exit_code,
+    writing,
+)
 from cluster.launch.hosts import local_addresses
 from cluster.launch.lifetime import READY_ENV
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
-from cluster.policy import Finish, GiveUp, chief_decision, restart_decision
+from cluster.policy import EndRun, Finish, GiveUp, Kill, chief_decision, restart_decision, silent_task_decision
+from cluster.rundir import latest_checkpoint_step
+from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 from cluster.versions import local_versions
@@ -29,9 +40,10 @@ from cluster.versions import local_versions
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
 
 
-def say(text: str, error: bool = False) -> None:
-    """A launcher line on the console: progress to stdout, problems to stderr."""
-    print(f"pstrain: {'error: ' if error else ''}{text}", file=sys.stderr if error else sys.stdout, flush=True)
+def say(text: str, error: bool = False, warning: bool = False) -> None:
+    """A launcher line on the console: progress to stdout, problems (errors; warnings of a recovery) to stderr."""
+    level = "error: " if error else "warning: " if warning else ""
+    print(f"pstrain: {level}{text}", file=sys.stderr if error or warning else sys.stdout, flush=True)
 
 
 def credentials(cluster: ClusterConfig, generate: bool) -> Credentials:
@@ -99,9 +111,24 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
-    run_dir = Path(train.run_dir)
-    rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
-    hint = token_hint(cluster, run_dir, creds)
+    with RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
+        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind)
+
+
+def launch_locked(
+    config: Config,
+    cluster: ClusterConfig,
+    creds: Credentials,
+    lock: RunDirLock,
+    local: frozenset[str],
+    local_tasks,
+    control_bind: str,
+) -> int:
+    train, run_dir = config.train, lock.run_dir
+    with writing(run_dir):
+        rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
+        lock.set_control(cluster.control)
+        hint = token_hint(cluster, run_dir, creds)
     supervisor = Supervisor(run_dir / "logs")
     registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
     server = None
@@ -128,7 +155,7 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
                 if failure:
                     raise PstrainError(failure)
                 ready.touch()
-                return Supervision(supervisor, registry, cluster, train.startup_timeout, stop).run(chief)
+                return Supervision(supervisor, registry, cluster, train.startup_timeout, stop, run_dir).run(chief)
             finally:
                 ready.unlink(missing_ok=True)
         finally:
@@ -197,27 +224,42 @@ def missing_servers(registry: Registry) -> list[tuple[TaskId, str]]:
 
 
 class Supervision:
-    """Watch a running cluster: restart crashed tasks (bounded, with back-off), restart the chief
-    after a ps loss so it resumes from its checkpoint, and end the run when a task stays lost.
-    What to do is decided by cluster/policy.py; this class only carries it out."""
+    """Watch a running cluster: restart crashed tasks (bounded, with back-off), kill and restart a local
+    task that hangs, restart the chief after a ps loss so it resumes from its checkpoint, and end the
+    run when a task stays lost. What to do is decided by cluster/policy.py; this class only carries it out."""
 
     def __init__(
-        self, supervisor: Supervisor, registry: Registry, cluster: ClusterConfig, startup_timeout: float, stop: StopTrap
+        self,
+        supervisor: Supervisor,
+        registry: Registry,
+        cluster: ClusterConfig,
+        startup_timeout: float,
+        stop: StopTrap,
+        run_dir: Path | None = None,
     ):
         self.supervisor, self.registry, self.cluster = supervisor, registry, cluster
         self.startup_timeout, self.stop = startup_timeout, stop
-        self.failure = ""
+        self.run_dir = run_dir or supervisor.log_dir.parent
+        self.failure = ""  # why the run must end (a task lost for good); the chief is asked to checkpoint
+        self.disk_full = False  # the failure is a task log that a full disk refused
+        self.killed: set[TaskId] = set()  # hung local tasks killed, not yet restarted
+        self.lost_ps: list[str] = []  # ps tasks restarted since the chief last started: why it exits 75
 
     def run(self, chief: Child) -> int:
         while True:
             code = self._watch(chief)
             if self.failure:
-                say(self.failure, error=True)
+                if not self.disk_full:
+                    say(self.failure + "; " + self._stop_outcome(chief.process.returncode), error=True)
+                elif code != EXIT_FAILURE:  # else the chief, failing to write too, has said so itself
+                    say(self.failure, error=True)
                 return EXIT_FAILURE
             decision = chief_decision(
                 code, chief.restarts, self.cluster.max_restarts, self.stop.exit_code if self.stop.requested else None
             )
             if isinstance(decision, Finish):
+                if decision.exit_code == EXIT_RESTARTABLE:
+                    say(f"{self._lost_names()} stayed unreachable; {self._resume_hint()}", error=True)
                 if decision.exit_code and not self.stop.requested:  # the console shows only pstrain's lines
                     print(
                         f"pstrain: {chief.task.log_name} exited with code {code}; its log: {chief.log_path}",
@@ -230,9 +272,33 @@ class Supervision:
             if failure:
                 say(failure, error=True)
                 return EXIT_FAILURE
-            say(f"restarting the chief to resume from its checkpoint ({chief.restarts + 1}/{self.cluster.max_restarts})")
+            budget = f"{chief.restarts + 1} of {self.cluster.max_restarts}"
+            say(f"lost {self._lost_names()}; restarting the chief to resume from {self._resume_point()} ({budget})", warning=True)
+            self.lost_ps = []
             self.registry.forget(chief.task)
             chief = self.supervisor.restart(chief)
+
+    def _lost_names(self) -> str:
+        return ", ".join(dict.fromkeys(self.lost_ps)) or "a cluster task"
+
+    def _resume_point(self) -> str:
+        step = latest_checkpoint_step(self.run_dir)
+        return f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
+
+    def _resume_hint(self) -> str:
+        return f"run the same command again to resume from {self._resume_point()}"
+
+    def _stop_outcome(self, returncode: int) -> str:
+        """What the chief did with the stop it was sent (Popen's `returncode`): its stop path exits with
+        128+N after saving; killed by a signal (-N), it saved nothing."""
+        if returncode == signal_exit_code(self.stop.signum or signal.SIGTERM):
+            return f"stopped with a checkpoint; {self._resume_hint()}"
+        how = (
+            f"killed after {CHIEF_STOP_GRACE_S:g}s"
+            if returncode == -signal.SIGKILL
+            else f"exit {returncode_exit_code(returncode)}"
+        )
+        return f"the chief could not checkpoint ({how}); {self._resume_hint()}"
 
     def _servers(self) -> list[Child]:
         return [c for c in self.supervisor.children if not c.task.is_chief]
@@ -247,7 +313,8 @@ class Supervision:
                 chief.process.kill()
             if not forwarded:
                 self._restart_dead_servers()
-                self._check_lost()
+                self._check_silent()
+                self._check_logs()
             time.sleep(0.1)
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
@@ -257,27 +324,50 @@ class Supervision:
             code = child.process.poll()
             if code is None:
                 continue
-            exited = f"{child.task.log_name} exited with code {returncode_exit_code(code)}"
+            hung = child.task in self.killed
+            self.killed.discard(child.task)
+            what = (
+                f"{child.task.log_name} sent no heartbeat for {self.cluster.heartbeat_timeout:g}s (hung?) and was killed"
+                if hung
+                else f"{child.task.log_name} exited ({returncode_exit_code(code)})"
+            )
             decision = restart_decision(child.restarts, self.cluster.max_restarts)
             if isinstance(decision, GiveUp):
-                self.failure = self.failure or f"{exited} {decision.reason} (see {child.log_path})"
+                self.failure = self.failure or f"{what} {decision.reason} (see {child.log_path})"
                 continue
-            budget = f"{child.restarts + 1}/{self.cluster.max_restarts}"
-            say(f"{exited}; restarting in {decision.delay_s:g}s ({budget}, see {child.log_path})", error=True)
+            if child.task.type == "ps":
+                self.lost_ps.append(child.task.log_name)
+            budget = f"{child.restarts + 1} of {self.cluster.max_restarts}"
+            say(f"{what}; restarting ({budget}) in {decision.delay_s:g}s; its log: {child.log_path}", warning=True)
             self.registry.forget(child.task)
             if self.stop.wait(decision.delay_s):  # a stop during the back-off: no restart, forward it at once
                 return
             self.supervisor.restart(child)
 
-    def _check_lost(self) -> None:
-        """A task silent past the heartbeat timeout ends the run (after a checkpoint)."""
-        local_dead = {c.task for c in self._servers() if c.process.poll() is not None}
-        lost = [(task, r) for task, r in self.registry.lost() if task not in local_dead and not task.is_chief]
-        if lost and not self.failure:
-            names = ", ".join(f"{task} at {record.address}" for task, record in lost)
+    def _check_logs(self) -> None:
+        """A task log that a full disk refused ends the run: the chief is asked to checkpoint and stop."""
+        full = next((c for c in self.supervisor.children if c.log_full), None)
+        if full is not None and not self.failure:
+            self.failure, self.disk_full = str(DiskFullError(full.log_path)), True
+
+    def _check_silent(self) -> None:
+        """A task silent past the heartbeat timeout: a hung local one is killed (then restarted like a dead
+        one); one on another machine ends the run (after a checkpoint)."""
+        here = {c.task: c for c in self._servers()}
+        remote = []
+        for task, record in self.registry.lost():
+            if task.is_chief or task in self.killed:
+                continue
+            child = here.get(task)
+            decision = silent_task_decision(child is not None, child is not None and child.process.poll() is None)
+            if isinstance(decision, Kill) and child is not None:
+                child.process.kill()  # SIGKILL by pid; the next look restarts it
+                self.killed.add(task)
+            elif isinstance(decision, EndRun):
+                remote.append(f"{task} at {record.address}")
+        if remote and not self.failure:
             self.failure = (
-                f"lost {names}: no heartbeat for {self.cluster.heartbeat_timeout:g}s (network cut or hung task?); "
-                "stopped with a checkpoint, run the same command again to resume"
+                f"lost {', '.join(remote)}: no heartbeat for {self.cluster.heartbeat_timeout:g}s (network cut or hung task?)"
             )
 
 

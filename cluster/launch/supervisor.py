@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from cluster.errors import disk_full_path
 from cluster.launch.console import ConsoleFilter
 from cluster.launch.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
@@ -28,6 +30,7 @@ class Child:
     echo: BinaryIO | None = None
     pump: threading.Thread | None = None
     restarts: int = 0
+    log_full: bool = False  # its log could not be written for want of space (set by the pump)
 
     @property
     def task(self) -> TaskId:
@@ -55,7 +58,7 @@ class Supervisor:
         )
         child = Child(plan, process, log_path, argv, dict(extra_env or {}), echo)
         if echo:
-            child.pump = threading.Thread(target=_pump, args=(process.stdout, log_file, echo), daemon=True)
+            child.pump = threading.Thread(target=_pump, args=(process.stdout, log_file, echo, child), daemon=True)
             child.pump.start()
         else:
             log_file.close()
@@ -94,24 +97,29 @@ class Supervisor:
             self.reap(child)
 
 
-def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO) -> None:
+def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO, child: Child) -> None:
     """Copy a child's output to its log byte for byte, and pstrain's lines of it (progress bars keep
-    their \\r) to the console; TensorFlow's own output stays in the log (cluster/launch/console.py)."""
+    their \\r) to the console; TensorFlow's own output stays in the log (cluster/launch/console.py).
+    A log that cannot be written is given up (`child.log_full` set when the disk is full); the console
+    still gets every line."""
     console = ConsoleFilter()
-    with log_file:
-        while True:
-            chunk = os.read(source.fileno(), 65536)
-            if not chunk:
-                break
-            log_file.write(chunk)
-            log_file.flush()
-            shown = console.feed(chunk)
+    log: BinaryIO | None = log_file
+    while chunk := os.read(source.fileno(), 65536):
+        if log is not None:
             try:
-                if shown:
-                    echo.write(shown)
-                    echo.flush()
-            except (OSError, ValueError):
-                pass
+                log.write(chunk)
+                log.flush()
+            except OSError as e:
+                child.log_full, log = disk_full_path(e) is not None, None
+        shown = console.feed(chunk)
+        try:
+            if shown:
+                echo.write(shown)
+                echo.flush()
+        except (OSError, ValueError):
+            pass
+    with contextlib.suppress(OSError):  # closing flushes what a full disk refused
+        log_file.close()
 
 
 def python_module(module: str, *args: str) -> list[str]:

@@ -120,3 +120,36 @@ class RawAssign:
 
 class StatefulRandom(RawAssign):
     model_fn = _with(Jitter)
+
+
+class LossRaises:
+    """A loss_fn that raises while it is traced (a bug in the job, not a shape problem)."""
+
+    model_fn = staticmethod(digits.model_fn)
+    train_data = staticmethod(digits.train_data)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def loss_fn(y_true, y_pred):
+        raise ValueError("boom: this loss is not written yet")
+
+
+class FrozenBias(tf_keras.layers.Dense):
+    """A Dense layer asserting at run time that its bias never moved: true at step 0, false from step 1."""
+
+    def call(self, x):
+        moved = tf.reduce_max(tf.abs(self.bias))
+        tf.debugging.assert_equal(moved, 0.0, message="the bias moved")
+        return super().call(x)
+
+
+class AssertsAtStep1:
+    """A model whose tf.debugging assertion fails on the worker at step 1."""
+
+    train_data = staticmethod(digits.train_data)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def model_fn():
+        return tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), FrozenBias(10)])
