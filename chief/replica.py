@@ -62,7 +62,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     with capture_assigns(r.state_variables) as captured, stateless_random(r.model, r.seed, step, slot):
         with tf.GradientTape() as tape:
             predictions = r.model(features, training=True)
-            loss = slot_loss(r.job.loss_fn, labels, predictions, weights, r.num_slots)
+            loss = slot_loss(r.job, getattr(r.model, "output_names", None), labels, predictions, weights, r.num_slots)
             if r.model.losses:  # regularizers and add_loss, once per step (the same in every slot)
                 loss = loss + tf.add_n([tf.cast(x, tf.float32) for x in r.model.losses])
             scaled = r.optimizer.get_scaled_loss(loss) if is_loss_scaled(r.optimizer) else loss
