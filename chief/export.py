@@ -60,6 +60,11 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     return result
 
 
+def tensors(nest: Any) -> Any:
+    """A nest of arrays as tensors (None stays None): what Keras's metric containers take."""
+    return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
+
+
 def metric_container(job: Job, output_names):
     """Fresh metrics for one evaluation, matched to the outputs as `compile` matches them: the job's
     `metrics_fn()` (weighted by the sample weights, as before), or compile's metrics and weighted_metrics.

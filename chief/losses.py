@@ -145,6 +145,10 @@ def _per_output(what: str, struct: Any, predictions: Any, output_names: Sequence
     """`struct` (losses or loss weights) as one entry per flattened output (None: nothing for it)."""
     if struct is None:
         return [None] * count
+    names = _output_names(predictions, output_names)
+    if isinstance(struct, dict) and set(struct) - set(names):
+        unknown = ", ".join(repr(k) for k in sorted(set(struct) - set(names)))
+        raise JobError(f"{what}: no output named {unknown}; the model's outputs are {names}")
     try:
         flat = tf.nest.flatten(conform(struct, predictions, output_names))
     except (ValueError, TypeError) as e:
@@ -154,7 +158,7 @@ def _per_output(what: str, struct: Any, predictions: Any, output_names: Sequence
         ) from None
     if len(flat) != count:
         raise JobError(
-            f"{what}: {len(flat)} entries for {count} outputs {_output_names(predictions, output_names)}; "
+            f"{what}: {len(flat)} entries for {count} outputs {names}; "
             "give one per output (a list in output order, or a dict by output name)"
         )
     return flat
