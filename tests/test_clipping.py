@@ -170,3 +170,20 @@ def test_whole_variable_features_that_cannot_be_exact_are_refused(in_process_clu
     with pytest.raises(JobError, match=f"^{message}") as raised:
         ClusterEngine(job, TRAIN, *engine_inputs(job, TRAIN, tmp_path), resolver=in_process_cluster)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("setting", [{"clipnorm": 1.0}, {"clipvalue": 0.3}, {"global_clipnorm": 1.0}])
+def test_row_slices_with_repeated_rows_are_clipped_as_their_dense_sum(setting):
+    """A step's mean joins the slots' rows, so a row two slots touched comes twice: it is clipped as
+    the dense mean gradient is (the repeated rows summed first), whatever the slots' split."""
+    import tensorflow as tf
+
+    from chief.clipping import Clipping, clip
+
+    variable = tf.Variable(tf.zeros([4, 2]))
+    rows = tf.IndexedSlices(tf.constant([[0.4, 0.2], [0.5, -0.3], [0.4, 0.6]]), tf.constant([2, 0, 2]), tf.constant([4, 2]))
+    clipping = Clipping(**setting)
+    (sparse,) = clip(clipping, [rows], [variable])
+    (dense,) = clip(clipping, [tf.convert_to_tensor(rows)], [variable])
+    np.testing.assert_allclose(tf.convert_to_tensor(sparse).numpy(), dense.numpy(), rtol=1e-6)
+    assert sorted(sparse.indices.numpy().tolist()) == [0, 2]

@@ -63,7 +63,8 @@ REFUSED = [
     ("BadLossEntry", "--job tests.jobs.compiled:BadLossEntry: loss_fn: found int 3; give a function, a tf_keras.losses.Loss"),
     ("UnknownLossName", "--job tests.jobs.compiled:UnknownLossName: model_fn's compile(loss=...): unknown loss name 'msee'"),
     ("BadLossWeights", "--job tests.jobs.compiled:BadLossWeights: loss_weights: found str 'half'; give a number"),
-    ("OptimizerObject", "--job tests.jobs.compiled:OptimizerObject: optimizer_fn found a SGD object; define a function"),
+    ("OptimizerObject", "--job tests.jobs.compiled:OptimizerObject: optimizer_fn: found a SGD object; define a function"),
+    ("SharedOptimizer", "--job tests.jobs.compiled:SharedOptimizer: optimizer_fn() returns the same optimizer at each call"),
 ]
 
 

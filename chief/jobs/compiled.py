@@ -73,6 +73,8 @@ def checked_optimizer_fn(spec: str, optimizer_fn: Callable[[], Any]) -> Callable
             f"--job {spec}: optimizer_fn() returned {_found(optimizer)}; return a tf_keras optimizer "
             "(tf_keras.optimizers.* or tf_keras.optimizers.legacy.*)"
         )
+    if optimizer_fn() is optimizer:  # the training state, the checkpoint mirror and each check need their own
+        raise JobError(f"--job {spec}: optimizer_fn() returns the same optimizer at each call; create a new one in it")
     return optimizer_fn
 
 
@@ -91,9 +93,9 @@ def job_parts(spec: str, target: Any) -> dict[str, Any]:
 
     loss_fn, optimizer_fn = getattr(target, "loss_fn", None), getattr(target, "optimizer_fn", None)
     metrics_fn, loss_weights = getattr(target, "metrics_fn", None), getattr(target, "loss_weights", None)
-    for name, value in (("optimizer_fn", optimizer_fn), ("metrics_fn", metrics_fn)):
+    for name, value, returns in (("optimizer_fn", optimizer_fn, "optimizer"), ("metrics_fn", metrics_fn, "list of metrics")):
         if value is not None and not callable(value):
-            raise JobError(f"--job {spec}: {name} found {_found(value)}; define a function returning a fresh one")
+            raise JobError(f"--job {spec}: {name}: found {_found(value)}; define a function returning a fresh {returns}")
     compiled = None
     if loss_fn is None or optimizer_fn is None or metrics_fn is None:
         compiled = read_compiled(target.model_fn)

@@ -102,5 +102,12 @@ class OptimizerObject(Uncompiled):
     optimizer_fn = tf_keras.optimizers.legacy.SGD(0.1)
 
 
+SHARED = tf_keras.optimizers.legacy.SGD(0.1)
+
+
+class SharedOptimizer(Uncompiled):
+    optimizer_fn = staticmethod(lambda: SHARED)
+
+
 class WrongOutputName(Uncompiled):
     loss_fn = {"kind": LOSSES["kind"], "sise": "mse"}
