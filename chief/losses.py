@@ -87,6 +87,8 @@ def output_losses(
     flat = tf.nest.flatten(predictions)
     losses = _per_output(what, job.loss_fn, predictions, output_names, len(flat))
     loss_weights = _per_output("loss_weights", job.loss_weights, predictions, output_names, len(flat))
+    if sample_weight is not None and tf.nest.is_nested(sample_weight):
+        sample_weight = conform(sample_weight, predictions, output_names)  # a dict by output name
     weights = tf.nest.flatten(sample_weight) if sample_weight is not None else [None]
     if len(weights) not in (1, len(flat)):
         raise JobError(f"train_data(): {len(weights)} sample weight arrays for {len(flat)} outputs; give one, or one per output")
