@@ -113,3 +113,18 @@ def test_compiled_two_output_job_on_two_ps_resumed_equals_standalone(tmp_path):
     done, standalone_done = metrics(cluster)[1], metrics(standalone)[1]
     for key in ("eval_loss", "eval_digit_accuracy", "eval_ink_mae"):
         assert done[key] == pytest.approx(standalone_done[key], abs=1e-4)
+
+
+def test_evaluation_of_a_compiled_job_is_model_evaluate():
+    """eval_loss and the per-output metrics, read in batches of 20, as Keras's evaluate (batches of 1024) reports them."""
+    from chief.eval_set import EvalSet
+    from chief.export import evaluate
+
+    job = load_job("tests.jobs.compiled:Compiled")
+    x, y, _ = compiled.two_output_data(100, 2)
+    model = job.model_fn()
+    ours = evaluate(job, model, EvalSet.from_arrays((x, y), "eval_data()"), batch=20)
+    theirs = model.evaluate(x, y, batch_size=1024, verbose=0, return_dict=True)
+    assert set(ours) == {"eval_loss", "eval_kind_accuracy", "eval_size_mae"}
+    for name, value in ours.items():
+        assert value == pytest.approx(theirs[name.removeprefix("eval_")], rel=1e-5), name
