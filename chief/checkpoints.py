@@ -74,9 +74,11 @@ def damaged_file(prefix: Path) -> Path:
 
 
 def state_variables(state: ModelState) -> list[tf.Variable]:
-    """Everything a checkpoint holds, in an order both copies share."""
+    """Everything a checkpoint holds, in an order both copies share. A new-style optimizer lists the
+    slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
     optimizer = state.optimizer.variables
-    return [*state.model.weights, *(optimizer() if callable(optimizer) else optimizer), state.global_step]
+    optimizer = [shard for v in (optimizer() if callable(optimizer) else optimizer) for shard in getattr(v, "variables", [v])]
+    return [*state.model.weights, *optimizer, state.global_step]
 
 
 class Checkpoints:

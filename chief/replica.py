@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.clipping import refuse_whole_variable_features
 from chief.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.gradients import replica_gradients
 from chief.jobs import Job, JobError
@@ -61,7 +62,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     with capture_assigns(r.state_variables) as captured, stateless_random(r.model, r.seed, step, slot):
         with tf.GradientTape() as tape:
             predictions = r.model(features, training=True)
-            loss = slot_loss(r.job.loss_fn, labels, predictions, weights, r.num_slots)
+            loss = slot_loss(r.job, getattr(r.model, "output_names", None), labels, predictions, weights, r.num_slots)
             if r.model.losses:  # regularizers and add_loss, once per step (the same in every slot)
                 loss = loss + tf.add_n([tf.cast(x, tf.float32) for x in r.model.losses])
             scaled = r.optimizer.get_scaled_loss(loss) if is_loss_scaled(r.optimizer) else loss
@@ -112,6 +113,7 @@ def inspect_job(
     variables (chief/gradients.py), whose gradients stay row slices here too (a dense gradient of a
     table would be table-sized). Raises JobError (one line) for a contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
+    refuse_whole_variable_features(optimizer, model.trainable_variables)
     candidates = tuple(model.non_trainable_weights)
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate, sparse)
     # Functions, as in the closures: eagerly, a lookup of a table sharded over ps tasks reads all of it.

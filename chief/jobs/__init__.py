@@ -11,9 +11,8 @@ import numpy as np
 
 from cluster.errors import ConfigError
 
-REQUIRED = ("model_fn", "loss_fn", "optimizer_fn")
 TRAIN_SOURCES = ("train_dataset", "train_arrays", "train_data")  # exactly one; see chief/sources.py
-OPTIONAL = ("eval_dataset", "eval_arrays", "eval_data", "metrics_fn")
+OPTIONAL = ("eval_dataset", "eval_arrays", "eval_data", "metrics_fn", "loss_weights")
 
 
 class JobError(ConfigError):
@@ -24,8 +23,8 @@ class JobError(ConfigError):
 class Job:
     spec: str
     model_fn: Callable[[], Any]
-    loss_fn: Any  # a function (scalar or per-example losses) or a tf_keras.losses.Loss object
-    optimizer_fn: Callable[[], Any]
+    loss_fn: Any  # a function (scalar or per-example losses), a tf_keras Loss, a loss name, or a list/dict of those per output
+    optimizer_fn: Callable[[], Any]  # a fresh optimizer per call
     train_data: Callable[[], tuple] | None  # (features, labels[, sample_weights]) arrays or nests of arrays
     eval_data: Callable[[], tuple] | None
     metrics_fn: Callable[[], list] | None = None
@@ -33,6 +32,9 @@ class Job:
     eval_arrays: Callable[[], Any] | None = None
     train_dataset: Callable[[], Any] | None = None  # a tf.data.Dataset of single (features, labels[, weights]) examples
     eval_dataset: Callable[[], Any] | None = None
+    loss_weights: Any = None  # None, a number, or a list/dict per output (as compile's loss_weights)
+    loss_name: str = "loss_fn"  # where the loss came from, for messages
+    compiled_metrics: Callable[[], tuple[Any, Any]] | None = None  # fresh (metrics, weighted_metrics) from compile
 
     @property
     def name(self) -> str:
@@ -40,7 +42,9 @@ class Job:
 
 
 def load_job(spec: str) -> Job:
-    """Import `package.module` or `package.module:attr` and check it offers the job API."""
+    """Import `package.module` or `package.module:attr` and check it offers the job API. What the job
+    does not define (loss_fn, optimizer_fn, metrics_fn, loss_weights) is taken from the model's
+    `compile()`, if `model_fn()` compiles it (chief/jobs/compiled.py)."""
     module_name, _, attr = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -51,15 +55,15 @@ def load_job(spec: str) -> Job:
             target = getattr(target, attr)
         except AttributeError:
             raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
-    missing = [name for name in REQUIRED if not callable(getattr(target, name, None))]
+    from chief.jobs.compiled import job_parts
+
+    if not callable(getattr(target, "model_fn", None)):
+        raise JobError(f"--job {spec}: missing model_fn; a job defines model_fn() returning a tf_keras model")
     sources = [name for name in TRAIN_SOURCES if callable(getattr(target, name, None))]
     if len(sources) != 1:
-        missing.append(" or ".join(TRAIN_SOURCES) if not sources else f"only one of {', '.join(sources)}")
-    if missing:
-        raise JobError(
-            f"--job {spec}: missing {', '.join(missing)}; a job defines {', '.join(REQUIRED)} and one of "
-            f"{', '.join(TRAIN_SOURCES)} ({', '.join(OPTIONAL)} optional)"
-        )
+        missing = " or ".join(TRAIN_SOURCES) if not sources else f"only one of {', '.join(sources)}"
+        raise JobError(f"--job {spec}: missing {missing}; a job defines model_fn and one of {', '.join(TRAIN_SOURCES)}")
+    parts = job_parts(spec, target)
 
     def optional(name: str):
         value = getattr(target, name, None)
@@ -68,15 +72,13 @@ def load_job(spec: str) -> Job:
     return Job(
         spec=spec,
         model_fn=target.model_fn,
-        loss_fn=target.loss_fn,
-        optimizer_fn=target.optimizer_fn,
         train_data=optional("train_data"),
         eval_data=optional("eval_data"),
         train_arrays=optional("train_arrays"),
         eval_arrays=optional("eval_arrays"),
         train_dataset=optional("train_dataset"),
         eval_dataset=optional("eval_dataset"),
-        metrics_fn=optional("metrics_fn"),
+        **parts,
     )
 
 

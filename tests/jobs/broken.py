@@ -49,7 +49,8 @@ class WrongLossShape:
 
     @staticmethod
     def loss_fn(y_true, y_pred):
-        return tf.reduce_mean(tf.one_hot(y_true, 10) - tf.nn.softmax(y_pred), axis=0)
+        # Labels come as [batch, 1] (Keras matches their rank to the output's, as fit does).
+        return tf.reduce_mean(tf.one_hot(tf.reshape(y_true, [-1]), 10) - tf.nn.softmax(y_pred), axis=0)
 
 
 class LabelsMismatch:
