@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.eval_set import EvalSet
-from chief.jobs import Job, JobError
+from chief.jobs import Job, JobError, tensor_dtype
 
 
 def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
@@ -55,10 +55,10 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
 def serving_spec(sample: Any) -> Any:
     """TensorSpecs for the features nest: named by dict key (a single array is "features")."""
     if isinstance(sample, dict):
-        return {k: tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(np.asarray(v).dtype), name=k) for k, v in sample.items()}
+        return {k: tf.TensorSpec([None, *np.shape(v)[1:]], tensor_dtype(np.asarray(v)), name=k) for k, v in sample.items()}
     flat = tf.nest.flatten(sample)
     names = ["features"] if len(flat) == 1 else [f"features_{i}" for i in range(len(flat))]
-    specs = [tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(v.dtype), name=n) for v, n in zip(flat, names, strict=True)]
+    specs = [tf.TensorSpec([None, *np.shape(v)[1:]], tensor_dtype(np.asarray(v)), name=n) for v, n in zip(flat, names, strict=True)]
     return tf.nest.pack_sequence_as(sample, specs)
 
 

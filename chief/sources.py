@@ -129,9 +129,20 @@ class Source(ABC):
 # --- arrays in .npy files -------------------------------------------------------------------------
 
 
+# Each of the 256 byte values as a one-byte string: how fixed-width `S` rows become tf.string in-graph.
+_BYTES = [bytes([b]) for b in range(256)]
+
+
 @dataclass(frozen=True)
 class NpyFile:
-    """Where one array lies in a `.npy` file, as read from its header on the chief."""
+    """Where one array lies in a `.npy` file, as read from its header on the chief.
+
+    Text is a fixed-width NumPy string array: `U` (UTF-32 code points, 4 bytes each) or `S` (bytes),
+    each string padded with NULs to the width. The worker memory-maps it like numbers (its code
+    points or bytes as int32/uint8, one more axis of the width), gathers rows and only then decodes
+    them to tf.string (`strings`): UTF-8 for `U`, the bytes themselves for `S`, trailing NULs dropped
+    as NumPy drops them.
+    """
 
     path: str
     dtype: np.dtype
@@ -150,34 +161,68 @@ class NpyFile:
             raise JobError(f"{what}: {path} not found on the chief; every process reads the .npy files at this path") from None
         except ValueError as e:
             raise JobError(f"{what}: {path} is not a .npy file ({e})") from None
-        if fortran or dtype.hasobject or not shape or offset % max(dtype.itemsize, 1) or offset % 64:
+        if dtype.hasobject:
             raise JobError(
-                f"{what}: {path} must hold a C-ordered numeric array with a leading example axis "
+                f"{what}: {path} holds Python objects, which a worker cannot read; save text as fixed-width strings "
+                "(np.save(path, a.astype(str)), or a.astype(bytes))"
+            )
+        if fortran or not shape or offset % 64:
+            raise JobError(
+                f"{what}: {path} must hold a C-ordered array with a leading example axis "
                 "(save it with np.save(path, np.ascontiguousarray(a)))"
             )
         return cls(str(path), dtype, tuple(shape), offset)
 
+    @property
+    def text(self) -> bool:
+        return self.dtype.kind in "US"
+
+    @property
+    def codes(self) -> tuple[np.dtype, tuple[int, ...]]:
+        """(dtype, shape) of the array as the worker holds it: text as code points or bytes, one axis more."""
+        if self.dtype.kind == "U":
+            return np.dtype(self.dtype.byteorder.replace("|", "=") + "i4"), (*self.shape, self.dtype.itemsize // 4)
+        if self.dtype.kind == "S":
+            return np.dtype(np.uint8), (*self.shape, self.dtype.itemsize)
+        return self.dtype, self.shape
+
     def load(self) -> tf.Tensor:
-        """TF ops: the whole array, memory-mapped from the file where it can be (native byte order, not
-        bool): no read of the whole file up front; otherwise decoded from the file's bytes."""
-        if self.dtype == np.bool_ or not self.dtype.isnative:
+        """TF ops: the whole array (text as its codes), memory-mapped from the file where it can be
+        (native byte order, not bool): no read of the whole file up front; otherwise decoded from the
+        file's bytes."""
+        dtype, shape = self.codes
+        if dtype == np.bool_ or not dtype.isnative:
             return self._decode()
-        itemsize, count = self.dtype.itemsize, int(np.prod(self.shape))
+        itemsize, count = dtype.itemsize, int(np.prod(shape))
 
         def int64(*values: int) -> tf.Tensor:  # sizes past 2**31 bytes
             return tf.constant(values, tf.int64)
 
         raw = tf.raw_ops.ImmutableConst(dtype=tf.uint8, shape=[self.offset + count * itemsize], memory_region_name=self.path)
         data = tf.slice(raw, int64(self.offset), int64(count * itemsize))  # the header is 64-byte aligned: a view, no copy
-        values = tf.bitcast(tf.reshape(data, int64(count, itemsize)) if itemsize > 1 else data, tf.as_dtype(self.dtype))
-        return tf.reshape(values, int64(*self.shape))
+        values = tf.bitcast(tf.reshape(data, int64(count, itemsize)) if itemsize > 1 else data, tf.as_dtype(dtype))
+        return tf.reshape(values, int64(*shape))
 
     def _decode(self) -> tf.Tensor:
-        bool_ = self.dtype == np.bool_
-        raw_dtype = tf.uint8 if bool_ else tf.as_dtype(self.dtype.newbyteorder("="))
-        values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=self.dtype.byteorder != ">")
-        values = tf.reshape(values[self.offset // self.dtype.itemsize :], [-1, *self.shape[1:]])
+        dtype, shape = self.codes
+        bool_ = dtype == np.bool_
+        raw_dtype = tf.uint8 if bool_ else tf.as_dtype(dtype.newbyteorder("="))
+        values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=dtype.byteorder != ">")
+        values = tf.reshape(values[self.offset // dtype.itemsize :], [-1, *shape[1:]])
         return tf.cast(values, tf.bool) if bool_ else values
+
+    def strings(self, rows: tf.Tensor) -> tf.Tensor:
+        """TF ops: gathered rows of `load()` as the array's values (text decoded to tf.string)."""
+        if not self.text:
+            return rows
+        width = self.codes[1][-1]
+        flat = tf.reshape(rows, [-1, width])
+        if self.dtype.kind == "U":
+            text = tf.strings.unicode_encode(tf.RaggedTensor.from_tensor(flat, padding=0), "UTF-8")
+        else:
+            codes = tf.RaggedTensor.from_tensor(tf.cast(flat, tf.int32), padding=0)
+            text = tf.strings.reduce_join(tf.gather(tf.constant(_BYTES), codes), axis=-1)
+        return tf.reshape(text, tf.shape(rows)[:-1])
 
 
 def write_npy(path: Path, array: np.ndarray) -> None:
@@ -203,7 +248,7 @@ class TableSource(Source):
     def from_arrays(cls, data: Nest, directory: Path) -> TableSource:
         """`train_data()` arrays: written once to `directory` (the run dir) for the workers to read."""
         directory.mkdir(parents=True, exist_ok=True)
-        leaves = tf.nest.flatten(data)
+        leaves = tf.nest.flatten(data)  # text already fixed-width (checked_arrays)
         files = []
         for i, leaf in enumerate(leaves):
             path = directory.resolve() / f"train-{i}.npy"
@@ -226,7 +271,7 @@ class TableSource(Source):
         return tf.cast(tf.shape(tf.nest.flatten(tables)[0])[0], tf.int64), tables
 
     def _read(self, handle, indices):
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), handle)
+        return tf.nest.map_structure(lambda f, t: f.strings(tf.gather(t, indices)), self.files, handle)
 
 
 # --- a tf.data.Dataset of single examples -----------------------------------------------------------

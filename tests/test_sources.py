@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.jobs import JobError, load_job
+from chief.jobs import JobError, checked_arrays, load_job
 from chief.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
 from cluster.config import ConfigError, TrainConfig
 from cluster.rundir import check_compatible
@@ -56,6 +56,34 @@ def test_train_data_arrays_are_written_once_and_read_back(tmp_path):
     _, (gx, gy) = worker_read(source, [6, 1])
     np.testing.assert_array_equal(gx.numpy(), x[[6, 1]])
     np.testing.assert_array_equal(gy.numpy(), y[[6, 1]])
+
+
+def test_text_columns_are_memory_mapped_and_decoded_on_the_worker_exactly(tmp_path):
+    """train_data() text (str, bytes or object arrays, any shape) is written as fixed-width .npy, read by
+    'the worker' as code points or bytes and decoded in-graph: the same strings as the local read."""
+    words = np.array([["héllo", "a"], ["", "x\x00y"], ["zz", "日本"]])  # U: UTF-32, an embedded NUL kept
+    raw = np.array([b"ab\xff", b"", b"a\x00b"], dtype=object)  # bytes that are not UTF-8
+    numbers = np.arange(3, dtype=np.float32)
+    data = checked_arrays("job", "train_data", ({"words": words, "raw": raw, "n": numbers}, numbers))
+    assert data[0]["raw"].dtype.kind == "S" and data[0]["words"].dtype.kind == "U"
+    source = TableSource.from_arrays(data, tmp_path / "data")
+    indices = np.array([2, 0, 1, 1])
+    _, remote = worker_read(source, indices)
+    local = source.read_local(indices)
+    assert remote[0]["words"].dtype == tf.string and remote[0]["words"].shape == (4, 2)
+    np.testing.assert_array_equal(remote[0]["words"].numpy(), np.char.encode(words[indices], "utf-8"))
+    np.testing.assert_array_equal(remote[0]["raw"].numpy(), raw[indices].astype(bytes))
+    for got, want in zip(tf.nest.flatten(remote), tf.nest.flatten(local), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert int(digest(remote)) == int(digest(local))
+
+
+def test_objects_that_are_not_text_are_refused_in_one_line(tmp_path):
+    with pytest.raises(JobError, match=r"train_data\(\): an object array holds int, str; give text as str"):
+        checked_arrays("job", "train_data", (np.array(["a", 1], dtype=object), np.zeros(2)))
+    np.save(tmp_path / "o.npy", np.array(["a", "b"], dtype=object), allow_pickle=True)
+    with pytest.raises(JobError, match=r"holds Python objects.*a.astype\(str\)"):
+        NpyFile.read_header(str(tmp_path / "o.npy"), "train_arrays()")
 
 
 def test_fortran_ordered_npy_is_refused_with_the_fix(tmp_path):
