@@ -53,13 +53,16 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
 
 
 def serving_spec(sample: Any) -> Any:
-    """TensorSpecs for the features nest: named by dict key (a single array is "features")."""
+    """TensorSpecs for the features nest: named by dict key (a single array is "features"); text is tf.string."""
+
+    def spec(value, name: str) -> tf.TensorSpec:
+        return tf.TensorSpec([None, *np.shape(value)[1:]], tensor_dtype(np.asarray(value)), name=name)
+
     if isinstance(sample, dict):
-        return {k: tf.TensorSpec([None, *np.shape(v)[1:]], tensor_dtype(np.asarray(v)), name=k) for k, v in sample.items()}
+        return {k: spec(v, k) for k, v in sample.items()}
     flat = tf.nest.flatten(sample)
     names = ["features"] if len(flat) == 1 else [f"features_{i}" for i in range(len(flat))]
-    specs = [tf.TensorSpec([None, *np.shape(v)[1:]], tensor_dtype(np.asarray(v)), name=n) for v, n in zip(flat, names, strict=True)]
-    return tf.nest.pack_sequence_as(sample, specs)
+    return tf.nest.pack_sequence_as(sample, [spec(v, n) for v, n in zip(flat, names, strict=True)])
 
 
 def export_saved_model(model, sample: Any, path: Path) -> None:
