@@ -80,6 +80,8 @@ def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
 
 def first_batch(source: Source, train: TrainConfig):
     """Step 0's first slot, read locally: what `inspect_job` checks the job on before training."""
+    if source.streams:
+        return source.first_batch()
     return source.read_local(slot_positions(train, source.num_examples, 0, 0))
 
 
@@ -100,6 +102,8 @@ class StepResult:
     timing: dict[str, float] = field(default_factory=dict)  # seconds per phase of the step
     applied: bool = True  # False when the loss was not finite: the update was withheld
     read_ahead: int | None = None  # applied gradients whose examples were read ahead (None: no read-ahead)
+    epoch: int | None = None  # a stream's epoch at the step's first batch (None: read by position)
+    reread: int | None = None  # a stream's applied batches read from a fresh pipeline (their worker was past them)
 
 
 class Engine(Protocol):
@@ -148,7 +152,9 @@ class LocalEngine:
         self._step_fn = self._build_step()
 
     def prepare(self, start_step: int) -> None:
-        pass
+        if self.source.streams:  # the same stream as the workers', read here
+            self.source.begin(start_step)
+            self._stream = self.source.local_batches()
 
     def _build_step(self):
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
@@ -177,11 +183,16 @@ class LocalEngine:
 
     def step(self, step: int, interrupted: Callable[[], bool] = lambda: False) -> StepResult:
         t = self.train
-        # The same source and positions as the workers read: per slot a (features, labels[, weights]) nest.
-        positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
-        batches = [self.source.read_local(p) for p in positions]
+        epoch = None
+        if self.source.streams:  # the step's M stream batches; backup slots' batches are skipped, as on the cluster
+            read = [next(self._stream) for _ in range(t.total_num_replicas)]
+            self.source.observe([where for where, _ in read])
+            batches, epoch = [batch for _, batch in read[: t.replicas_to_aggregate]], self.source.epoch_of(step)
+        else:  # the same source and positions as the workers read: per slot a (features, labels[, weights]) nest
+            positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
+            batches = [self.source.read_local(p) for p in positions]
         loss, applied = self._step_fn(tf.constant(step, tf.int64), batches)
-        return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied))
+        return StepResult(float(loss), t.replicas_to_aggregate, stale_dropped=0, applied=bool(applied), epoch=epoch)
 
     def close(self) -> int:
         return 0
@@ -234,6 +245,8 @@ class ClusterEngine:
             sparse=[*self.sparse, *[False] * len(self.replica.state_variables)],
         )
         # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
+        if self.source.streams:
+            self.source.begin(start_step)
         self._expected = self.source.fingerprint()
         t = self.train
         reads_ahead = self.source.reads_ahead and os.environ.get("PSTRAIN_READ_AHEAD", "1") != "0"
@@ -250,7 +263,10 @@ class ClusterEngine:
 
         @tf.function
         def worker_fn(iterator, step, slot, indices, next_indices):
-            if readahead is None:
+            where = tf.constant([-1, -1, -1], tf.int64)
+            if source.streams:  # [j, epoch, batch in epoch], and whether it was read from a fresh pipeline
+                batch, where, hit = source.worker_batch(iterator, step, slot, expected)
+            elif readahead is None:
                 batch, hit = source.worker_batch(next(iterator), indices, expected)
             else:  # ask for the next step's examples first: the pipeline then never waits on this closure
                 tag = request_tag(step, slot, readahead.total_slots)
@@ -275,8 +291,9 @@ class ClusterEngine:
 
             loss, computed = strategy.run(replica_fn, args=(batch,))
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            # One packed result: each output of a closure costs the chief its own fetch RPC.
-            return tf.stack([tf.cast(worker, tf.float32), loss, tf.cast(computed, tf.float32), tf.cast(hit, tf.float32)])
+            # One packed result: each output of a closure costs the chief its own fetch RPC (float64: exact positions).
+            head = [tf.cast(x, tf.float64) for x in (worker, loss, computed, hit)]
+            return tf.concat([tf.stack(head), tf.cast(where, tf.float64)], 0)
 
         return worker_fn
 
@@ -303,29 +320,30 @@ class ClusterEngine:
         t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
         pending: dict[futures.Future, int] = {}
-        num = self.source.num_examples
+        num = self.source.num_examples if not self.source.streams else 0
         for slot in schedule_order(self._finished, t.total_num_replicas):
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_positions(t, num, step, slot))
+            indices = tf.constant(slot_positions(t, num, step, slot)) if num else tf.zeros([t.slot_batch_size], tf.int64)
             # The next step's positions for this slot, which the worker reads ahead (sources that read files).
             ahead = tf.constant(slot_positions(t, num, step + 1, slot)) if self._readahead else indices
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices, ahead))
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         chosen: dict[int, tuple[int, float]] = {}
-        self._finished, hits = [], 0
+        self._finished, hits, read = [], 0, []
         t_first = t1
         waiting = set(pending)
         while waiting and len(chosen) < t.replicas_to_aggregate:
             # Short waits so a stop request is honoured even while a worker stalls the step.
             done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
             for future in done:
-                worker, loss, computed, hit = future.result()
+                worker, loss, computed, hit, *where = future.result()
                 self._finished.append(pending[future])
                 if computed == 1.0 and len(chosen) < t.replicas_to_aggregate:
                     chosen[pending[future]] = (int(worker), float(loss))
                     hits += int(hit)
+                    read.append(where)
                     if len(chosen) == 1:
                         t_first = time.perf_counter()
             if len(chosen) < t.replicas_to_aggregate and interrupted():
@@ -341,6 +359,9 @@ class ClusterEngine:
             self._apply_fn(step_t, tf.constant(mask))
         t3 = time.perf_counter()
         self._late.update(f for f in pending if pending[f] not in chosen)
+        streams = self.source.streams
+        if streams:
+            self.source.observe(read)
         return StepResult(
             loss=loss,
             applied=applied,
@@ -348,6 +369,8 @@ class ClusterEngine:
             stale_dropped=self._collect_late(),
             workers=sorted({worker for worker, _ in chosen.values()}),
             read_ahead=hits if self._readahead else None,
+            epoch=self.source.epoch_of(step) if streams else None,
+            reread=hits if streams else None,
             # first_gradient: pull, compute and push of the fastest replica; wait_for_n: the rest of the N.
             timing={"schedule": t1 - t0, "first_gradient": t_first - t1, "wait_for_n": t2 - t_first, "apply": t3 - t2},
         )

@@ -61,6 +61,16 @@ def digest(batch: Nest) -> tf.Tensor:
     return tf.bitcast(tf.reshape(tf.fingerprint(tf.reshape(rows, [1, -1])), [8]), tf.int64)
 
 
+def check_fingerprint(cardinality: tf.Tensor, found: tf.Tensor, expected: Fingerprint) -> tf.Operation:
+    """In a closure: stop with a tagged error (see `explain_worker_error`) if the worker's data differs."""
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
+    return tf.debugging.Assert(
+        same,
+        [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
+    )
+
+
 class Source(ABC):
     """Examples 0..num_examples-1, readable by position on a worker and in this process."""
 
@@ -87,6 +97,7 @@ class Source(ABC):
         batch = self.read_local(sample_positions(self.num_examples))
         return Fingerprint(self.num_examples, int(digest(batch).numpy()))
 
+    streams = False  # read by position (a stream: chief/streams.py)
     reads_ahead = False  # whether `dataset_fn` uses a ReadAhead (a gather from memory needs none: it is ignored)
 
     def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
@@ -113,12 +124,7 @@ class Source(ABC):
         the batch read ahead is used when it is this closure's. Returns (batch, whether it was).
         """
         (cardinality, found), handle = element[0], element[1]
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
-        check = tf.debugging.Assert(
-            same,
-            [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
-        )
+        check = check_fingerprint(cardinality, found, expected)
         with tf.control_dependencies([check]):  # no example reaches the model before the check passed
             if tag is None:
                 return self._read(handle, tf.identity(indices)), tf.constant(False)
@@ -293,25 +299,35 @@ class DatasetSource(Source):
         self.make, self.what = make, what
         self._local: tuple[str, tf.data.Dataset] | None = None
         cardinality = int(self.local().cardinality().numpy())
-        if cardinality <= 0:
-            kind = {-1: "infinite", -2: "unknown"}.get(cardinality, "empty")
-            raise JobError(
-                f"{what}: the dataset's cardinality is {kind}; return a finite dataset whose size is known, "
-                "e.g. Dataset.range(n).map(read) or from_tensor_slices(paths).map(decode) (no filter/interleave)"
-            )
+        if cardinality == 0:
+            raise JobError(f"{what}: the dataset is empty; give at least one slot batch of examples")
         self.num_examples = cardinality
 
-    def _made(self) -> tf.data.Dataset:
-        dataset = self.make()
+    @staticmethod
+    def random_access(dataset: tf.data.Dataset) -> bool:
+        """Whether `dataset` can be read by position: a known finite size and `at` works on it (reads
+        example 0; a pipeline with TFRecordDataset, interleave, filter ... is read as a stream)."""
+        if int(dataset.cardinality().numpy()) <= 0:
+            return False
+        try:
+            tf.data.experimental.at(dataset, 0)
+        except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError):  # the op names the step that is not
+            return False
+        return True
+
+    @staticmethod
+    def made(make: Callable[[], tf.data.Dataset], what: str) -> tf.data.Dataset:
+        """`make()`, checked to be a dataset."""
+        dataset = make()
         if not isinstance(dataset, tf.data.Dataset):
-            raise JobError(f"{self.what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+            raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
         return dataset
 
     def local(self) -> tf.data.Dataset:
         """The dataset in this process, made again once the process has joined a cluster (its devices change)."""
         space = context.context().host_address_space()
         if self._local is None or self._local[0] != space:
-            self._local = (space, self._made())
+            self._local = (space, self.made(self.make, self.what))
         return self._local[1]
 
     def read_local(self, indices: np.ndarray) -> Nest:
@@ -347,10 +363,19 @@ class DatasetSource(Source):
 # --- the job's choice, and errors from workers ------------------------------------------------------
 
 
-def train_source(job, run_dir: Path) -> Source:
-    """The job's training data as a source: train_dataset(), train_arrays() or train_data()."""
+def train_source(job, run_dir: Path, train=None):
+    """The job's training data as a source: train_dataset() (by position, or as a stream:
+    chief/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
+    batch and slots; without it (the evaluator sidecar) a stream can only give its first examples."""
     if job.train_dataset:
-        return DatasetSource(job.train_dataset, f"--job {job.spec}: train_dataset()")
+        what = f"--job {job.spec}: train_dataset()"
+        probe = DatasetSource.made(job.train_dataset, what)
+        if probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe):
+            return DatasetSource(job.train_dataset, what)
+        from chief.streams import StreamSource
+
+        slots = (train.slot_batch_size, train.total_num_replicas) if train else (0, 0)
+        return StreamSource(job.train_dataset, what, run_dir if train else None, *slots)
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
     return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")

@@ -92,13 +92,18 @@ def test_fortran_ordered_npy_is_refused_with_the_fix(tmp_path):
         NpyFile.read_header(str(tmp_path / "f.npy"), "train_arrays()")
 
 
-def test_dataset_source_reads_positions_and_refuses_unknown_cardinality():
+def test_dataset_source_reads_positions_and_only_random_access_datasets_qualify():
     source = DatasetSource(lambda: tf.data.Dataset.range(10).map(lambda i: ({"x": tf.cast(i, tf.float32)}, i * 2)), "ds")
     (features, labels) = source.read_local(np.array([3, 9, 0]))
     np.testing.assert_array_equal(features["x"].numpy(), [3.0, 9.0, 0.0])
     np.testing.assert_array_equal(labels.numpy(), [6, 18, 0])
-    with pytest.raises(JobError, match="cardinality is unknown"):
-        DatasetSource(lambda: tf.data.Dataset.range(10).filter(lambda i: i > 2), "train_dataset()")
+    streams = [  # read as streams (chief/streams.py)
+        tf.data.Dataset.range(10).filter(lambda i: i > 2),  # unknown size
+        tf.data.Dataset.range(10).repeat(),  # infinite
+        tf.data.Dataset.range(10).enumerate(),  # a known size, but `at` does not work on it
+    ]
+    assert DatasetSource.random_access(tf.data.Dataset.range(10).map(lambda i: i * 2))
+    assert not any(DatasetSource.random_access(d) for d in streams)
 
 
 class TwoSources:
