@@ -15,8 +15,9 @@ files (`dataset_fn`), and a position (the next batch its iterator yields) in a t
 A closure for (step, slot) skips its iterator forward to batch j, discarding the batches of the
 slots other workers run, in-graph (`worker_batch`); if its worker is already past j (a closure run
 again, two slots of one step on one worker in the reverse order) it reads batch j from a fresh
-pipeline instead. Every batch read carries (j, epoch, batch in epoch), checked against j. The
-standalone engine reads the same stream in this process.
+pipeline instead, from the start of j's epoch once the worker has seen an epoch end. Every batch
+read carries (j, epoch, batch in epoch), checked against j. The standalone engine reads the same
+stream in this process.
 
 The position is a function of the step, so a checkpoint needs nothing more; only the epoch length
 (L batches) is learnt once the first epoch ended, written to RUN_DIR/stream.json, and then used to
@@ -104,20 +105,23 @@ class StreamSource:
 
     # --- TF ops (on a worker, or here) ------------------------------------------------------------
 
-    def batches(self, start) -> tf.data.Dataset:
-        """(j, (epoch, batch in epoch, batch)) for j = start, start + 1, ...; `start` an int or a tensor."""
-        size, per_epoch = self.slot_batch, self.batches_per_epoch
-        first_epoch = start // per_epoch if per_epoch else 0
-        skip = start - first_epoch * per_epoch if per_epoch else start
+    def batches(self, start, per_epoch=None) -> tf.data.Dataset:
+        """(j, (epoch, batch in epoch, batch)) for j = start, start + 1, ...: read from the start of j's
+        epoch when the epoch length is known (`per_epoch`, default the chief's; 0: unknown), else from
+        the stream's start. `start` and `per_epoch` are ints or tensors."""
+        size = self.slot_batch
+        start = tf.cast(start, tf.int64)
+        per_epoch = tf.cast((self.batches_per_epoch or 0) if per_epoch is None else per_epoch, tf.int64)
+        first_epoch = tf.where(per_epoch > 0, start // tf.maximum(per_epoch, 1), 0)
 
         def epoch(e):
             batched = self._made().batch(size, drop_remainder=True).enumerate()
             return batched.map(lambda i, batch: (e, i, batch))
 
-        stream = tf.data.Dataset.range(tf.cast(first_epoch, tf.int64), np.iinfo(np.int64).max).flat_map(epoch)
-        return stream.skip(tf.cast(skip, tf.int64)).enumerate(tf.cast(start, tf.int64))
+        stream = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).flat_map(epoch)
+        return stream.skip(start - first_epoch * per_epoch).enumerate(start)
 
-    def _with_checks(self, start) -> tf.data.Dataset:
+    def _with_checks(self, start, per_epoch=None) -> tf.data.Dataset:
         """((cardinality, digest), stream element) pairs: the worker's fingerprint beside each batch."""
 
         def fingerprint(_):
@@ -125,27 +129,27 @@ class StreamSource:
             return tf.constant(UNKNOWN, tf.int64), digest(sampled)
 
         checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
-        return tf.data.Dataset.zip((checks, self.batches(start)))
+        return tf.data.Dataset.zip((checks, self.batches(start, per_epoch)))
 
     def dataset_fn(self, readahead=None) -> tf.data.Dataset:
         """Per-worker dataset: this run's stream from batch `start`, read ahead a step's worth."""
         return self._with_checks(self.start).prefetch(max(self.slots, 1))
 
-    def _position(self) -> tf.Tensor:
-        """The worker's table of its iterator's position, created in the current function under a shared name."""
+    def _table(self) -> tf.Tensor:
+        """The worker's table, created in the current function under a shared name: key 0 its iterator's
+        position (the next batch it yields), key 1 the epoch length as far as this worker has seen."""
         return tf.raw_ops.MutableHashTableV2(key_dtype=tf.int64, value_dtype=tf.int64, shared_name=self.position_name)
 
-    def worker_batch(
-        self, iterator, step: tf.Tensor, slot: tf.Tensor, expected: Fingerprint
-    ) -> tuple[Nest, tf.Tensor, tf.Tensor]:
+    def worker_batch(self, iterator, step: tf.Tensor, slot: tf.Tensor, expected: Fingerprint) -> tuple[Nest, tf.Tensor, Any]:
         """In the closure (or a loop in it; `step` may be symbolic): the batch of (step, slot) from this
         worker's iterator, after its fingerprint is checked against the chief's. Returns (batch,
         [j, epoch, batch in epoch], whether it was read from a fresh pipeline)."""
         j = tf.cast(step, tf.int64) * self.slots + tf.cast(slot, tf.int64)
-        key = tf.constant(0, tf.int64)
-        position = tf.raw_ops.LookupTableFindV2(
-            table_handle=self._position(), keys=key, default_value=tf.constant(self.start, tf.int64)
-        )
+        position_key, length_key = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+        start = tf.constant(self.start, tf.int64)  # a fresh worker's iterator starts at this run's start
+        position = tf.raw_ops.LookupTableFindV2(table_handle=self._table(), keys=position_key, default_value=start)
+        known = tf.constant(self.batches_per_epoch or 0, tf.int64)
+        per_epoch = tf.raw_ops.LookupTableFindV2(table_handle=self._table(), keys=length_key, default_value=known)
 
         def forward():  # discard the batches before j (other slots'), then take j
             def discard(i):
@@ -153,21 +157,23 @@ class StreamSource:
                 with tf.control_dependencies(tf.nest.flatten(element)[:1]):
                     return (i + 1,)
 
-            (_,) = tf.while_loop(lambda i: i < j - position, discard, (tf.constant(0, tf.int64),))
-            with tf.control_dependencies([_]):
+            (skipped,) = tf.while_loop(lambda i: i < j - position, discard, (tf.constant(0, tf.int64),))
+            with tf.control_dependencies([skipped]):
                 element = iterator.get_next()
-            moved = tf.raw_ops.LookupTableInsertV2(table_handle=self._position(), keys=key, values=j + 1)
+            moved = tf.raw_ops.LookupTableInsertV2(table_handle=self._table(), keys=position_key, values=j + 1)
             with tf.control_dependencies([moved]):
                 return tf.nest.map_structure(tf.identity, element)
 
-        def fresh():  # this worker is past j: read it from a new pipeline (rare)
-            return self._with_checks(j).take(1).get_single_element()
+        def fresh():  # this worker is past j: a new pipeline, from j's epoch once the worker saw an epoch end
+            return self._with_checks(j, per_epoch).take(1).get_single_element()
 
         behind = tf.less(j, position)
         (cardinality, found), (got, (epoch, index, batch)) = tf.cond(behind, fresh, forward)
         check = check_fingerprint(cardinality, found, expected)
         order = tf.debugging.Assert(tf.equal(got, j), [ORDER_TAG, "wanted", j, "got", got])
-        with tf.control_dependencies([check, order]):
+        learnt = tf.where(epoch > 0, (got - index) // tf.maximum(epoch, 1), per_epoch)
+        remember = tf.raw_ops.LookupTableInsertV2(table_handle=self._table(), keys=length_key, values=learnt)
+        with tf.control_dependencies([check, order, remember]):
             return tf.nest.map_structure(tf.identity, batch), tf.stack([got, epoch, index]), behind
 
     # --- the epoch length, learnt when the first epoch ends ----------------------------------------------
