@@ -393,10 +393,11 @@ def explain_worker_error(error: tf.errors.OpError, workers: list[str]) -> DataEr
     message = error.message or ""
     if match := _MISMATCH.search(message):
         worker, card, want_card, found, want = (int(g) for g in match.groups())
+        same = f"the same {card} examples but different content" if card >= 0 else "different first examples"
         what = (
             f"{card} examples, the chief expects {want_card}"
             if card != want_card
-            else f"the same {card} examples but different content (digest {found:#x}, the chief's {want:#x})"
+            else f"{same} (digest {found:#x}, the chief's {want:#x})"
         )
         return DataError(
             f"worker {worker} ({_host(workers, worker)}): its training data differs from the chief's: {what}; "

@@ -104,3 +104,15 @@ def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cl
         assert where.tolist() == [j, j // 3, j % 3] and labels.tolist() == local[j], j
     # Each worker's first closure reads forward; every later one asks for a batch its worker is past.
     assert sum(bool(r.fetch()[2]) for r in results) >= len(order) - 2
+
+
+def test_a_worker_whose_stream_differs_is_named_in_one_line():
+    """The message of the closure's failed check (tf.debugging.Assert's format) as the chief explains it."""
+    from chief.sources import MISMATCH_TAG, explain_worker_error
+
+    message = f"assertion failed: [{MISMATCH_TAG}] [worker] [1] [cardinality] [-2] [-2] [digest] [5] [7]"
+    error = explain_worker_error(tf.errors.InvalidArgumentError(None, None, message), ["h0:1", "h1:2"])
+    assert str(error) == (
+        "worker 1 (h1:2): its training data differs from the chief's: different first examples (digest 0x5, "
+        "the chief's 0x7); give every machine the same files"
+    )
