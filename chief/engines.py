@@ -320,11 +320,14 @@ class ClusterEngine:
         t0 = time.perf_counter()
         step_t = tf.constant(step, tf.int64)
         pending: dict[futures.Future, int] = {}
-        num = self.source.num_examples if not self.source.streams else 0
-        for slot in schedule_order(self._finished, t.total_num_replicas):
+        streams, num = self.source.streams, getattr(self.source, "num_examples", 0)
+        # A stream: slots in ascending order, so a worker that takes two of a step's closures (from the
+        # FIFO queue) takes them in stream order and reads both forward (chief/streams.py).
+        order = range(t.total_num_replicas) if streams else schedule_order(self._finished, t.total_num_replicas)
+        for slot in order:
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            indices = tf.constant(slot_positions(t, num, step, slot)) if num else tf.zeros([t.slot_batch_size], tf.int64)
+            indices = tf.zeros([t.slot_batch_size], tf.int64) if streams else tf.constant(slot_positions(t, num, step, slot))
             # The next step's positions for this slot, which the worker reads ahead (sources that read files).
             ahead = tf.constant(slot_positions(t, num, step + 1, slot)) if self._readahead else indices
             remote = self.coordinator.schedule(self._worker_fn, args=(self._iterator, step_t, slot, indices, ahead))
@@ -359,7 +362,6 @@ class ClusterEngine:
             self._apply_fn(step_t, tf.constant(mask))
         t3 = time.perf_counter()
         self._late.update(f for f in pending if pending[f] not in chosen)
-        streams = self.source.streams
         if streams:
             self.source.observe(read)
         return StepResult(

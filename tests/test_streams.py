@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -116,3 +117,47 @@ def test_a_worker_whose_stream_differs_is_named_in_one_line():
         "worker 1 (h1:2): its training data differs from the chief's: different first examples (digest 0x5, "
         "the chief's 0x7); give every machine the same files"
     )
+
+
+def engines(resolver, run_dir, **train):
+    """A ClusterEngine (in-process cluster) and a LocalEngine on `filtered_regression`, from step 0."""
+    from chief.engines import ClusterEngine, LocalEngine
+
+    job = load_job("tests.jobs.data_jobs:filtered_regression")
+    config = TrainConfig(job="filtered_regression", global_batch_size=16, replicas_to_aggregate=2, **train)
+    source = train_source(job, run_dir / "cluster", config)
+    sample = tf.nest.map_structure(lambda t: t.numpy(), source.first(1)[0])
+    cluster = ClusterEngine(job, config, source, sample, resolver=resolver)
+    local = LocalEngine(job, config, train_source(job, run_dir / "local", config), sample)
+    for engine in (cluster, local):
+        engine.prepare(0)
+    return cluster, local
+
+
+@pytest.mark.cluster
+def test_a_stream_trains_on_the_in_process_cluster_as_standalone_across_epoch_ends(in_process_cluster, tmp_path):
+    """9 batches an epoch and 2 slots: steps 4 and 8 hold batches of two epochs."""
+    for sub in ("cluster", "local"):
+        (tmp_path / sub).mkdir()
+    cluster, local = engines(in_process_cluster, tmp_path, total_num_replicas=2)
+    results = [(cluster.step(k), local.step(k)) for k in range(12)]
+    cluster.close()
+    np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
+    assert [c.epoch for c, _ in results] == [s.epoch for _, s in results] == [2 * k // 9 for k in range(12)]
+    assert cluster.source.batches_per_epoch == local.source.batches_per_epoch == 9
+    for got, want in zip(cluster.state.model.get_weights(), local.state.model.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.cluster
+def test_a_stream_with_a_backup_slot_reads_every_batch_forward(in_process_cluster, tmp_path):
+    """3 slots on 2 workers, 2 aggregated: every step applies 2, 3 batches a step are taken from the
+    stream (the dropped slot's skipped), and a worker that runs two closures of a step reads both forward."""
+    for sub in ("cluster", "local"):
+        (tmp_path / sub).mkdir()
+    cluster, _ = engines(in_process_cluster, tmp_path, total_num_replicas=3)
+    results = [cluster.step(k) for k in range(8)]
+    cluster.close()
+    assert all(r.aggregated == 2 and r.applied for r in results)
+    assert [r.epoch for r in results] == [3 * k // 9 for k in range(8)]
+    assert sum(r.reread for r in results) == 0

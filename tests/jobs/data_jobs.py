@@ -159,3 +159,19 @@ class digits_records_filtered:  # noqa: N801
         from chief.jobs import digits_records
 
         return digits_records.train_dataset().filter(lambda image, label: label != 9)
+
+
+class filtered_regression:  # noqa: N801
+    """A linear regression on a filtered range: 77 examples, a stream of unknown size (9 batches of 8)."""
+
+    model_fn = staticmethod(lambda: linear_model(4))
+    loss_fn = staticmethod(mse)
+    optimizer_fn = staticmethod(lambda: tf_keras.optimizers.legacy.SGD(learning_rate=0.05))
+
+    @staticmethod
+    def train_dataset():
+        def example(i):
+            x = tf.sin(tf.cast(tf.range(4), tf.float32) + tf.cast(i, tf.float32))
+            return x, tf.reduce_sum(x) * 0.5
+
+        return tf.data.Dataset.range(90).filter(lambda i: i % 7 != 0).map(example)
