@@ -78,6 +78,19 @@ def test_text_columns_are_memory_mapped_and_decoded_on_the_worker_exactly(tmp_pa
     assert int(digest(remote)) == int(digest(local))
 
 
+def test_train_arrays_text_files_any_byte_order(tmp_path):
+    """The job's own .npy text files (np.save as the user writes them): memory-mapped UTF-32 and bytes,
+    and a big-endian UTF-32 file read and decoded instead."""
+    arrays = [np.array(["ab", "", "ünï"]), np.array(["ab", "", "ünï"]).astype(">U3"), np.array([b"x", b"\xff\x00", b""])]
+    for i, array in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", array)
+    source = TableSource.from_npy_paths(tuple(str(tmp_path / f"{i}.npy") for i in range(3)), "train_arrays()")
+    _, remote = worker_read(source, [2, 0, 1])
+    for got, array in zip(remote, arrays, strict=True):
+        want = [x.encode() if isinstance(x, str) else x for x in array[[2, 0, 1]].tolist()]
+        assert got.numpy().tolist() == want
+
+
 def test_objects_that_are_not_text_are_refused_in_one_line(tmp_path):
     with pytest.raises(JobError, match=r"train_data\(\): an object array holds int, str; give text as str"):
         checked_arrays("job", "train_data", (np.array(["a", 1], dtype=object), np.zeros(2)))

@@ -49,6 +49,15 @@ def test_epochs_drop_the_partial_batch_and_steps_run_on_across_them(tmp_path):
     assert read(stream(), 5, 4) == continued
 
 
+def test_a_pipeline_that_repeats_itself_is_one_endless_epoch():
+    source = StreamSource(lambda: filtered().repeat(), "train_dataset()", None, slot_batch=4, slots=2)
+    got = read(source, 0, 6)
+    assert [where for where, _ in got] == [[j, 0, j] for j in range(6)]
+    assert got[3][1] == KEPT[12:] + KEPT[:1]  # the 4th batch runs on into the repetition
+    source.observe([where for where, _ in got])
+    assert source.batches_per_epoch is None and source.epoch_of(100) == 0
+
+
 def test_epochs_of_different_lengths_stop_the_run():
     source = stream()
     source.observe([[3, 1, 0]])

@@ -120,3 +120,17 @@ class RawAssign:
 
 class StatefulRandom(RawAssign):
     model_fn = _with(Jitter)
+
+
+class UnorderedRecords:
+    """TFRecord files read through an unseeded shuffle: a different order in every build."""
+
+    model_fn = staticmethod(digits.model_fn)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def train_dataset():
+        from chief.jobs import digits_records
+
+        return digits_records.train_dataset().shuffle(512)  # no seed
