@@ -80,6 +80,8 @@ def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
 
 def first_batch(source: Source, train: TrainConfig):
     """Step 0's first slot, read locally: what `inspect_job` checks the job on before training."""
+    if source.streams:
+        return source.first_batch()
     return source.read_local(slot_positions(train, source.num_examples, 0, 0))
 
 
@@ -93,6 +95,8 @@ class StepResult:
     applied: bool = True  # False: a value was not finite, the update was withheld (see `nonfinite`)
     nonfinite: str | None = None  # the first of "loss" and the variables whose mean was not finite
     read_ahead: int | None = None  # applied gradients whose examples were read ahead (None: no read-ahead)
+    epoch: int | None = None  # a stream's epoch at the step's first batch (None: read by position)
+    reread: int | None = None  # a stream's applied batches read from a fresh pipeline (their worker was past them)
 
 
 class Engine(Protocol):
@@ -148,7 +152,9 @@ class LocalEngine:
         self._step_fn = self._build_step()
 
     def prepare(self, start_step: int) -> None:
-        pass
+        if self.source.streams:  # the same stream as the workers', read here
+            self.source.begin(start_step)
+            self._stream = self.source.local_batches()
 
     def _build_step(self):
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
@@ -180,9 +186,14 @@ class LocalEngine:
     def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
         t, results = self.train, []
         for step in range(first, first + count):
-            # The same source and positions as the workers read: per slot a (features, labels[, weights]) nest.
-            positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
-            batches = [self.source.read_local(p) for p in positions]
+            epoch = None
+            if self.source.streams:  # the step's M stream batches; backup slots' batches are skipped, as on the cluster
+                read = [next(self._stream) for _ in range(t.total_num_replicas)]
+                self.source.observe([where for where, _ in read])
+                batches, epoch = [batch for _, batch in read[: t.replicas_to_aggregate]], self.source.epoch_of(step)
+            else:  # the same source and positions as the workers read: per slot a (features, labels[, weights]) nest
+                positions = [slot_positions(t, self.source.num_examples, step, k) for k in range(t.replicas_to_aggregate)]
+                batches = [self.source.read_local(p) for p in positions]
             try:
                 loss, applied, finite = self._step_fn(tf.constant(step, tf.int64), batches)
             except tf.errors.OpError as e:  # e.g. a tf.debugging assertion in the job's model
@@ -190,7 +201,7 @@ class LocalEngine:
                     raise
                 raise found from e
             bad = first_nonfinite(finite.numpy().tolist(), self.names)
-            results.append(StepResult(float(loss), t.replicas_to_aggregate, 0, applied=bool(applied), nonfinite=bad))
+            results.append(StepResult(float(loss), t.replicas_to_aggregate, 0, applied=bool(applied), nonfinite=bad, epoch=epoch))
             if bad and t.on_nonfinite == "stop":
                 break
         return results
@@ -273,6 +284,8 @@ class ClusterEngine:
                 len(self.workers),
             )
         # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
+        if self.source.streams:
+            self.source.begin(start_step)
         self._expected = self.source.fingerprint()
         t = self.train
         reads_ahead = self.source.reads_ahead and os.environ.get("PSTRAIN_READ_AHEAD", "1") != "0"
@@ -295,17 +308,23 @@ class ClusterEngine:
             """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
 
-            def read(i, step):  # this step's examples, read before waiting at the gate: they overlap the apply
+            def read(i, step):
+                """This step's examples (read before waiting at the gate: they overlap the apply), whether they
+                were read ahead (a stream: read from a fresh pipeline), and a stream's [j, epoch, index]."""
+                if source.streams:
+                    batch, where, fresh = source.worker_batch(iterator, step, slot, expected)
+                    return batch, fresh, where
+                nowhere = tf.constant([-1, -1, -1], tf.int64)
                 if readahead is None:
-                    return source.worker_batch(next(iterator), positions[i], expected)
+                    return (*source.worker_batch(next(iterator), positions[i], expected), nowhere)
                 tag = request_tag(step, slot, readahead.total_slots)  # ask for the next step's examples first
                 with tf.control_dependencies([readahead.request(tag + readahead.total_slots, positions[i + 1])]):
                     element = next(iterator)
-                return source.worker_batch(element, positions[i], expected, tag)
+                return (*source.worker_batch(element, positions[i], expected, tag), nowhere)
 
-            def body(i, token, hits):
+            def body(i, token, hits, wheres):
                 step = first + tf.cast(i, tf.int64)
-                batch, hit = read(i, step)
+                batch, hit, where = read(i, step)
                 token = gate.wait(step, global_step)
 
                 def compute():
@@ -321,17 +340,20 @@ class ClusterEngine:
 
                 # Another token than this step: applied without this slot (a backup, a re-run), or ABORT.
                 computed = tf.cond(tf.equal(token, step), compute, lambda: tf.constant(False))
-                hits = hits + tf.cast(tf.logical_and(computed, hit), tf.int32)
+                hits = hits + tf.cast(tf.logical_and(computed, hit), tf.int64)
+                wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
                 with tf.control_dependencies([computed]):  # the next step waits for this one's pushes
-                    return i + 1, token, hits
+                    return i + 1, token, hits, wheres
 
-            _, _, hits = tf.while_loop(
-                lambda i, token, _: tf.logical_and(i < count, tf.not_equal(token, ABORT)),
+            _, _, hits, wheres = tf.while_loop(
+                lambda i, token, *_: tf.logical_and(i < count, tf.not_equal(token, ABORT)),
                 body,
-                (tf.constant(0, tf.int32), tf.constant(0, tf.int64), tf.constant(0, tf.int32)),
+                (tf.constant(0, tf.int32), tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.TensorArray(tf.int64, 0, True)),
                 parallel_iterations=1,
             )
-            return tf.stack([tf.cast(worker, tf.int32), hits])  # one packed result: each output costs a fetch RPC
+            # One packed result (each output costs a fetch RPC): worker, hits, then per step [j, epoch, index, hit].
+            head = tf.stack([tf.cast(worker, tf.int64), hits])
+            return tf.concat([head, tf.reshape(wheres.stack(), [-1])], 0)
 
         return worker_fn
 
@@ -429,13 +451,20 @@ class ClusterEngine:
         t = self.train
         t0 = time.perf_counter()
         first_t, count_t = tf.constant(first, tf.int64), tf.constant(count, tf.int32)
-        num, rows = self.source.num_examples, count + (1 if self._readahead else 0)
+        streams, num = self.source.streams, getattr(self.source, "num_examples", 0)
+        rows = count + (1 if self._readahead else 0)
+        # A stream: slots in ascending order, so a worker that takes two of a step's closures (one step per
+        # dispatch) takes them in stream order and reads both forward (chief/streams.py).
+        order = range(t.total_num_replicas) if streams else schedule_order(self._finished, t.total_num_replicas)
         pending: dict[futures.Future, int] = {}
-        for slot in schedule_order(self._finished, t.total_num_replicas):
+        for slot in order:
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
             # The slot is a tensor too: one trace serves every slot.
-            positions = tf.constant(np.stack([slot_positions(t, num, first + i, slot) for i in range(rows)]))
+            if streams:
+                positions = tf.zeros([rows, t.slot_batch_size], tf.int64)
+            else:
+                positions = tf.constant(np.stack([slot_positions(t, num, first + i, slot) for i in range(rows)]))
             args = (self._iterator, first_t, count_t, tf.constant(slot, tf.int64), positions)
             remote = self.coordinator.schedule(self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
@@ -454,12 +483,18 @@ class ClusterEngine:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
         slot_worker = {slot: int(out[0]) for slot, out in results.items()}
+        per_step = {slot: out[2:].reshape(-1, 4) for slot, out in results.items()}  # [j, epoch, index, hit] per step
         steps = []
         for i in np.flatnonzero(proceeded):
             picked = np.flatnonzero(chosen[i])
             # With backups the apply knows each chosen slot's worker; else the closures said.
             found = {int(workers[i][s]) if workers[i][s] >= 0 else slot_worker.get(int(s), -1) for s in picked}
             bad = first_nonfinite(finite[i].tolist(), self.names)
+            epoch = reread = None
+            if streams:  # the chosen slots' batches: their epochs, and how many were read from a fresh pipeline
+                read = [per_step[s][i] for s in picked if s in per_step and i < len(per_step[s])]
+                self.source.observe([r[:3] for r in read])
+                epoch, reread = self.source.epoch_of(first + int(i)), int(sum(r[3] for r in read))
             steps.append(
                 StepResult(
                     loss=float(losses[i]),
@@ -468,6 +503,8 @@ class ClusterEngine:
                     workers=sorted(found - {-1}),
                     applied=bad is None,
                     nonfinite=bad,
+                    epoch=epoch,
+                    reread=reread,
                     # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
                     timing={"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count},
                 )

@@ -51,9 +51,12 @@ def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet
     if job.eval_dataset:
         return EvalSet.from_dataset(job.eval_dataset, f"--job {spec}: eval_dataset()")
     if job.eval_arrays:
-        paths = job.eval_arrays()
-        data = tuple(tf.nest.map_structure(lambda p: np.load(p, mmap_mode="r"), tuple(paths)))
-        return EvalSet.from_arrays(checked_arrays(spec, "eval_arrays", data), f"--job {spec}: eval_arrays()")
+        from chief.sources import NpyFile
+
+        what = f"--job {spec}: eval_arrays()"
+        headers = tf.nest.map_structure(lambda p: NpyFile.read_header(str(p), what), tuple(job.eval_arrays()))
+        data = tf.nest.map_structure(lambda f: np.load(f.path, mmap_mode="r"), headers)  # text too (fixed width)
+        return EvalSet.from_arrays(checked_arrays(spec, "eval_arrays", data), what)
     if job.eval_data:
         return EvalSet.from_arrays(checked_arrays(spec, "eval_data", job.eval_data()), f"--job {spec}: eval_data()")
     first = first_training_examples(FALLBACK_EXAMPLES)

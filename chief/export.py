@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.eval_set import EvalSet
-from chief.jobs import Job, JobError
+from chief.jobs import Job, JobError, tensor_dtype
 from cluster.errors import DiskFullError, writing
 
 
@@ -82,13 +82,16 @@ def metric_container(job: Job, output_names):
 
 
 def serving_spec(sample: Any) -> Any:
-    """TensorSpecs for the features nest: named by dict key (a single array is "features")."""
+    """TensorSpecs for the features nest: named by dict key (a single array is "features"); text is tf.string."""
+
+    def spec(value, name: str) -> tf.TensorSpec:
+        return tf.TensorSpec([None, *np.shape(value)[1:]], tensor_dtype(np.asarray(value)), name=name)
+
     if isinstance(sample, dict):
-        return {k: tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(np.asarray(v).dtype), name=k) for k, v in sample.items()}
+        return {k: spec(v, k) for k, v in sample.items()}
     flat = tf.nest.flatten(sample)
     names = ["features"] if len(flat) == 1 else [f"features_{i}" for i in range(len(flat))]
-    specs = [tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(v.dtype), name=n) for v, n in zip(flat, names, strict=True)]
-    return tf.nest.pack_sequence_as(sample, specs)
+    return tf.nest.pack_sequence_as(sample, [spec(v, n) for v, n in zip(flat, names, strict=True)])
 
 
 def export_saved_model(model, sample: Any, path: Path) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from chief.jobs import tensor_dtype
+
 Gradient = tf.Tensor | tf.IndexedSlices
 
 
@@ -29,7 +31,7 @@ def sparse_variables(model, sample_features) -> list[bool]:
             )
         return tape.gradient(loss, variables)
 
-    specs = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), sample_features)
+    specs = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tensor_dtype(a)), sample_features)
     grads = tf.function(probe).get_concrete_function(specs).structured_outputs
     return [isinstance(g, tf.IndexedSlices) for g in grads]
 

@@ -61,6 +61,16 @@ def digest(batch: Nest) -> tf.Tensor:
     return tf.bitcast(tf.reshape(tf.fingerprint(tf.reshape(rows, [1, -1])), [8]), tf.int64)
 
 
+def check_fingerprint(cardinality: tf.Tensor, found: tf.Tensor, expected: Fingerprint) -> tf.Operation:
+    """In a closure: stop with a tagged error (see `explain_worker_error`) if the worker's data differs."""
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
+    return tf.debugging.Assert(
+        same,
+        [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
+    )
+
+
 class Source(ABC):
     """Examples 0..num_examples-1, readable by position on a worker and in this process."""
 
@@ -87,6 +97,7 @@ class Source(ABC):
         batch = self.read_local(sample_positions(self.num_examples))
         return Fingerprint(self.num_examples, int(digest(batch).numpy()))
 
+    streams = False  # read by position (a stream: chief/streams.py)
     reads_ahead = False  # whether `dataset_fn` uses a ReadAhead (a gather from memory needs none: it is ignored)
 
     def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
@@ -113,12 +124,7 @@ class Source(ABC):
         the batch read ahead is used when it is this closure's. Returns (batch, whether it was).
         """
         (cardinality, found), handle = element[0], element[1]
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        same = tf.logical_and(tf.equal(cardinality, expected.cardinality), tf.equal(found, expected.digest))
-        check = tf.debugging.Assert(
-            same,
-            [MISMATCH_TAG, "worker", worker, "cardinality", cardinality, expected.cardinality, "digest", found, expected.digest],
-        )
+        check = check_fingerprint(cardinality, found, expected)
         with tf.control_dependencies([check]):  # no example reaches the model before the check passed
             if tag is None:
                 return self._read(handle, tf.identity(indices)), tf.constant(False)
@@ -129,9 +135,20 @@ class Source(ABC):
 # --- arrays in .npy files -------------------------------------------------------------------------
 
 
+# Each of the 256 byte values as a one-byte string: how fixed-width `S` rows become tf.string in-graph.
+_BYTES = [bytes([b]) for b in range(256)]
+
+
 @dataclass(frozen=True)
 class NpyFile:
-    """Where one array lies in a `.npy` file, as read from its header on the chief."""
+    """Where one array lies in a `.npy` file, as read from its header on the chief.
+
+    Text is a fixed-width NumPy string array: `U` (UTF-32 code points, 4 bytes each) or `S` (bytes),
+    each string padded with NULs to the width. The worker memory-maps it like numbers (its code
+    points or bytes as int32/uint8, one more axis of the width), gathers rows and only then decodes
+    them to tf.string (`strings`): UTF-8 for `U`, the bytes themselves for `S`, trailing NULs dropped
+    as NumPy drops them.
+    """
 
     path: str
     dtype: np.dtype
@@ -150,34 +167,68 @@ class NpyFile:
             raise JobError(f"{what}: {path} not found on the chief; every process reads the .npy files at this path") from None
         except ValueError as e:
             raise JobError(f"{what}: {path} is not a .npy file ({e})") from None
-        if fortran or dtype.hasobject or not shape or offset % max(dtype.itemsize, 1) or offset % 64:
+        if dtype.hasobject:
             raise JobError(
-                f"{what}: {path} must hold a C-ordered numeric array with a leading example axis "
+                f"{what}: {path} holds Python objects, which a worker cannot read; save text as fixed-width strings "
+                "(np.save(path, a.astype(str)), or a.astype(bytes))"
+            )
+        if fortran or not shape or offset % 64:
+            raise JobError(
+                f"{what}: {path} must hold a C-ordered array with a leading example axis "
                 "(save it with np.save(path, np.ascontiguousarray(a)))"
             )
         return cls(str(path), dtype, tuple(shape), offset)
 
+    @property
+    def text(self) -> bool:
+        return self.dtype.kind in "US"
+
+    @property
+    def codes(self) -> tuple[np.dtype, tuple[int, ...]]:
+        """(dtype, shape) of the array as the worker holds it: text as code points or bytes, one axis more."""
+        if self.dtype.kind == "U":
+            return np.dtype(self.dtype.byteorder.replace("|", "=") + "i4"), (*self.shape, self.dtype.itemsize // 4)
+        if self.dtype.kind == "S":
+            return np.dtype(np.uint8), (*self.shape, self.dtype.itemsize)
+        return self.dtype, self.shape
+
     def load(self) -> tf.Tensor:
-        """TF ops: the whole array, memory-mapped from the file where it can be (native byte order, not
-        bool): no read of the whole file up front; otherwise decoded from the file's bytes."""
-        if self.dtype == np.bool_ or not self.dtype.isnative:
+        """TF ops: the whole array (text as its codes), memory-mapped from the file where it can be
+        (native byte order, not bool): no read of the whole file up front; otherwise decoded from the
+        file's bytes."""
+        dtype, shape = self.codes
+        if dtype == np.bool_ or not dtype.isnative:
             return self._decode()
-        itemsize, count = self.dtype.itemsize, int(np.prod(self.shape))
+        itemsize, count = dtype.itemsize, int(np.prod(shape))
 
         def int64(*values: int) -> tf.Tensor:  # sizes past 2**31 bytes
             return tf.constant(values, tf.int64)
 
         raw = tf.raw_ops.ImmutableConst(dtype=tf.uint8, shape=[self.offset + count * itemsize], memory_region_name=self.path)
         data = tf.slice(raw, int64(self.offset), int64(count * itemsize))  # the header is 64-byte aligned: a view, no copy
-        values = tf.bitcast(tf.reshape(data, int64(count, itemsize)) if itemsize > 1 else data, tf.as_dtype(self.dtype))
-        return tf.reshape(values, int64(*self.shape))
+        values = tf.bitcast(tf.reshape(data, int64(count, itemsize)) if itemsize > 1 else data, tf.as_dtype(dtype))
+        return tf.reshape(values, int64(*shape))
 
     def _decode(self) -> tf.Tensor:
-        bool_ = self.dtype == np.bool_
-        raw_dtype = tf.uint8 if bool_ else tf.as_dtype(self.dtype.newbyteorder("="))
-        values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=self.dtype.byteorder != ">")
-        values = tf.reshape(values[self.offset // self.dtype.itemsize :], [-1, *self.shape[1:]])
+        dtype, shape = self.codes
+        bool_ = dtype == np.bool_
+        raw_dtype = tf.uint8 if bool_ else tf.as_dtype(dtype.newbyteorder("="))
+        values = tf.io.decode_raw(tf.io.read_file(self.path), raw_dtype, little_endian=dtype.byteorder != ">")
+        values = tf.reshape(values[self.offset // dtype.itemsize :], [-1, *shape[1:]])
         return tf.cast(values, tf.bool) if bool_ else values
+
+    def strings(self, rows: tf.Tensor) -> tf.Tensor:
+        """TF ops: gathered rows of `load()` as the array's values (text decoded to tf.string)."""
+        if not self.text:
+            return rows
+        width = self.codes[1][-1]
+        flat = tf.reshape(rows, [-1, width])
+        if self.dtype.kind == "U":
+            text = tf.strings.unicode_encode(tf.RaggedTensor.from_tensor(flat, padding=0), "UTF-8")
+        else:
+            codes = tf.RaggedTensor.from_tensor(tf.cast(flat, tf.int32), padding=0)
+            text = tf.strings.reduce_join(tf.gather(tf.constant(_BYTES), codes), axis=-1)
+        return tf.reshape(text, tf.shape(rows)[:-1])
 
 
 def write_npy(path: Path, array: np.ndarray) -> None:
@@ -203,7 +254,7 @@ class TableSource(Source):
     def from_arrays(cls, data: Nest, directory: Path) -> TableSource:
         """`train_data()` arrays: written once to `directory` (the run dir) for the workers to read."""
         directory.mkdir(parents=True, exist_ok=True)
-        leaves = tf.nest.flatten(data)
+        leaves = tf.nest.flatten(data)  # text already fixed-width (checked_arrays)
         files = []
         for i, leaf in enumerate(leaves):
             path = directory.resolve() / f"train-{i}.npy"
@@ -226,7 +277,7 @@ class TableSource(Source):
         return tf.cast(tf.shape(tf.nest.flatten(tables)[0])[0], tf.int64), tables
 
     def _read(self, handle, indices):
-        return tf.nest.map_structure(lambda t: tf.gather(t, indices), handle)
+        return tf.nest.map_structure(lambda f, t: f.strings(tf.gather(t, indices)), self.files, handle)
 
 
 # --- a tf.data.Dataset of single examples -----------------------------------------------------------
@@ -248,25 +299,35 @@ class DatasetSource(Source):
         self.make, self.what = make, what
         self._local: tuple[str, tf.data.Dataset] | None = None
         cardinality = int(self.local().cardinality().numpy())
-        if cardinality <= 0:
-            kind = {-1: "infinite", -2: "unknown"}.get(cardinality, "empty")
-            raise JobError(
-                f"{what}: the dataset's cardinality is {kind}; return a finite dataset whose size is known, "
-                "e.g. Dataset.range(n).map(read) or from_tensor_slices(paths).map(decode) (no filter/interleave)"
-            )
+        if cardinality == 0:
+            raise JobError(f"{what}: the dataset is empty; give at least one slot batch of examples")
         self.num_examples = cardinality
 
-    def _made(self) -> tf.data.Dataset:
-        dataset = self.make()
+    @staticmethod
+    def random_access(dataset: tf.data.Dataset) -> bool:
+        """Whether `dataset` can be read by position: a known finite size and `at` works on it (reads
+        example 0; a pipeline with TFRecordDataset, interleave, filter ... is read as a stream)."""
+        if int(dataset.cardinality().numpy()) <= 0:
+            return False
+        try:
+            tf.data.experimental.at(dataset, 0)
+        except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError):  # the op names the step that is not
+            return False
+        return True
+
+    @staticmethod
+    def made(make: Callable[[], tf.data.Dataset], what: str) -> tf.data.Dataset:
+        """`make()`, checked to be a dataset."""
+        dataset = make()
         if not isinstance(dataset, tf.data.Dataset):
-            raise JobError(f"{self.what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+            raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
         return dataset
 
     def local(self) -> tf.data.Dataset:
         """The dataset in this process, made again once the process has joined a cluster (its devices change)."""
         space = context.context().host_address_space()
         if self._local is None or self._local[0] != space:
-            self._local = (space, self._made())
+            self._local = (space, self.made(self.make, self.what))
         return self._local[1]
 
     def read_local(self, indices: np.ndarray) -> Nest:
@@ -302,10 +363,19 @@ class DatasetSource(Source):
 # --- the job's choice, and errors from workers ------------------------------------------------------
 
 
-def train_source(job, run_dir: Path) -> Source:
-    """The job's training data as a source: train_dataset(), train_arrays() or train_data()."""
+def train_source(job, run_dir: Path, train=None):
+    """The job's training data as a source: train_dataset() (by position, or as a stream:
+    chief/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
+    batch and slots; without it (the evaluator sidecar) a stream can only give its first examples."""
     if job.train_dataset:
-        return DatasetSource(job.train_dataset, f"--job {job.spec}: train_dataset()")
+        what = f"--job {job.spec}: train_dataset()"
+        probe = DatasetSource.made(job.train_dataset, what)
+        if probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe):
+            return DatasetSource(job.train_dataset, what)
+        from chief.streams import StreamSource
+
+        slots = (train.slot_batch_size, train.total_num_replicas) if train else (0, 0)
+        return StreamSource(job.train_dataset, what, run_dir if train else None, *slots)
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
     return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")
@@ -323,10 +393,11 @@ def explain_worker_error(error: tf.errors.OpError, workers: list[str]) -> DataEr
     message = error.message or ""
     if match := _MISMATCH.search(message):
         worker, card, want_card, found, want = (int(g) for g in match.groups())
+        same = f"the same {card} examples but different content" if card >= 0 else "different first examples"
         what = (
             f"{card} examples, the chief expects {want_card}"
             if card != want_card
-            else f"the same {card} examples but different content (digest {found:#x}, the chief's {want:#x})"
+            else f"{same} (digest {found:#x}, the chief's {want:#x})"
         )
         return DataError(
             f"worker {worker} ({_host(workers, worker)}): its training data differs from the chief's: {what}; "

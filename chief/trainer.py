@@ -125,7 +125,7 @@ class TrainingRun:
         """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         startup = StartupClock()
         job = load_job(train.job)
-        source = train_source(job, run_dir)  # built again on each worker from its own files
+        source = train_source(job, run_dir, train)  # built again on each worker from its own files
         evaluation = eval_set(job, source.first)
         sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
         startup.mark("job and data")
@@ -201,6 +201,8 @@ class TrainingRun:
                     **({"skipped": result.nonfinite} if not result.applied else {}),
                     **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
                     **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
+                    **({"epoch": result.epoch} if result.epoch is not None else {}),
+                    **({"reread": result.reread} if result.reread is not None else {}),
                 }
             )
             self.progress.update(step, result.loss, self.train.global_batch_size / max(per_step, 1e-9), result.aggregated)

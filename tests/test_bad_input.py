@@ -123,6 +123,16 @@ def test_standalone_reports_the_same_errors(tmp_path, job, code, message):
         assert f"({job_line(ASSERT_LINE)} in call) at step 1; traceback in" in result.output
 
 
+@pytest.mark.cluster
+def test_a_stream_in_no_fixed_order_is_refused_before_training(tmp_path):
+    args = ["train", "--standalone", "--job", "tests.jobs.broken:UnorderedRecords", "--run-dir", str(tmp_path / "r")]
+    result = run_pstrain(args, timeout=120, env={"PSTRAIN_DATA_DIR": str(tmp_path / "data")})
+    job = "--job tests.jobs.broken:UnorderedRecords"
+    message = f"{job}: train_dataset(): two builds of the pipeline gave different first examples"
+    assert_one_line_error(result, message)
+    assert "list_files(..., shuffle=False)" in result.output and not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
 def test_gpu_index_the_machine_does_not_have(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("[cluster]\nworker_gpus = [0, 7]\n")

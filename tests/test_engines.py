@@ -130,6 +130,20 @@ def test_batchnorm_after_a_sharded_frozen_table_trains_as_standalone(in_process_
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.cluster
+def test_text_features_through_lookup_layers_train_as_standalone(in_process_cluster, tmp_path):
+    """String columns (written as fixed-width .npy, decoded on the workers) through StringLookup,
+    TextVectorization, IntegerLookup and Hashing: each worker uses its own copy of the tables."""
+    job = load_job("tests.jobs.data_jobs:lookup_layers")
+    train = TrainConfig(job="lookup_layers", steps=4, global_batch_size=32, replicas_to_aggregate=2, total_num_replicas=2)
+    cluster, local, results = run_both(in_process_cluster, job, 4, train, tmp_path)
+    np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-5)
+    assert results[-1][1].loss < results[0][1].loss, "it learns"
+    reference = local.state.model.get_weights()
+    for got, want in zip(full_weights(cluster, reference), reference, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_lazy_adam_moves_only_touched_rows():
     """Stock Adam keeps moving a row its momentum remembers; LazyAdam moves only the rows in the gradient."""
     import tensorflow as tf

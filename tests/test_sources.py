@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.jobs import JobError, load_job
+from chief.jobs import JobError, checked_arrays, load_job
 from chief.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
 from cluster.config import ConfigError, TrainConfig
 from cluster.rundir import check_compatible
@@ -58,19 +58,65 @@ def test_train_data_arrays_are_written_once_and_read_back(tmp_path):
     np.testing.assert_array_equal(gy.numpy(), y[[6, 1]])
 
 
+def test_text_columns_are_memory_mapped_and_decoded_on_the_worker_exactly(tmp_path):
+    """train_data() text (str, bytes or object arrays, any shape) is written as fixed-width .npy, read by
+    'the worker' as code points or bytes and decoded in-graph: the same strings as the local read."""
+    words = np.array([["héllo", "a"], ["", "x\x00y"], ["zz", "日本"]])  # U: UTF-32, an embedded NUL kept
+    raw = np.array([b"ab\xff", b"", b"a\x00b"], dtype=object)  # bytes that are not UTF-8
+    numbers = np.arange(3, dtype=np.float32)
+    data = checked_arrays("job", "train_data", ({"words": words, "raw": raw, "n": numbers}, numbers))
+    assert data[0]["raw"].dtype.kind == "S" and data[0]["words"].dtype.kind == "U"
+    source = TableSource.from_arrays(data, tmp_path / "data")
+    indices = np.array([2, 0, 1, 1])
+    _, remote = worker_read(source, indices)
+    local = source.read_local(indices)
+    assert remote[0]["words"].dtype == tf.string and remote[0]["words"].shape == (4, 2)
+    np.testing.assert_array_equal(remote[0]["words"].numpy(), np.char.encode(words[indices], "utf-8"))
+    np.testing.assert_array_equal(remote[0]["raw"].numpy(), raw[indices].astype(bytes))
+    for got, want in zip(tf.nest.flatten(remote), tf.nest.flatten(local), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert int(digest(remote)) == int(digest(local))
+
+
+def test_train_arrays_text_files_any_byte_order(tmp_path):
+    """The job's own .npy text files (np.save as the user writes them): memory-mapped UTF-32 and bytes,
+    and a big-endian UTF-32 file read and decoded instead."""
+    arrays = [np.array(["ab", "", "ünï"]), np.array(["ab", "", "ünï"]).astype(">U3"), np.array([b"x", b"\xff\x00", b""])]
+    for i, array in enumerate(arrays):
+        np.save(tmp_path / f"{i}.npy", array)
+    source = TableSource.from_npy_paths(tuple(str(tmp_path / f"{i}.npy") for i in range(3)), "train_arrays()")
+    _, remote = worker_read(source, [2, 0, 1])
+    for got, array in zip(remote, arrays, strict=True):
+        want = [x.encode() if isinstance(x, str) else x for x in array[[2, 0, 1]].tolist()]
+        assert got.numpy().tolist() == want
+
+
+def test_objects_that_are_not_text_are_refused_in_one_line(tmp_path):
+    with pytest.raises(JobError, match=r"train_data\(\): an object array holds int, str; give text as str"):
+        checked_arrays("job", "train_data", (np.array(["a", 1], dtype=object), np.zeros(2)))
+    np.save(tmp_path / "o.npy", np.array(["a", "b"], dtype=object), allow_pickle=True)
+    with pytest.raises(JobError, match=r"holds Python objects.*a.astype\(str\)"):
+        NpyFile.read_header(str(tmp_path / "o.npy"), "train_arrays()")
+
+
 def test_fortran_ordered_npy_is_refused_with_the_fix(tmp_path):
     np.save(tmp_path / "f.npy", np.asfortranarray(np.ones((3, 2), np.float32)))
     with pytest.raises(JobError, match="C-ordered .*np.ascontiguousarray"):
         NpyFile.read_header(str(tmp_path / "f.npy"), "train_arrays()")
 
 
-def test_dataset_source_reads_positions_and_refuses_unknown_cardinality():
+def test_dataset_source_reads_positions_and_only_random_access_datasets_qualify():
     source = DatasetSource(lambda: tf.data.Dataset.range(10).map(lambda i: ({"x": tf.cast(i, tf.float32)}, i * 2)), "ds")
     (features, labels) = source.read_local(np.array([3, 9, 0]))
     np.testing.assert_array_equal(features["x"].numpy(), [3.0, 9.0, 0.0])
     np.testing.assert_array_equal(labels.numpy(), [6, 18, 0])
-    with pytest.raises(JobError, match="cardinality is unknown"):
-        DatasetSource(lambda: tf.data.Dataset.range(10).filter(lambda i: i > 2), "train_dataset()")
+    streams = [  # read as streams (chief/streams.py)
+        tf.data.Dataset.range(10).filter(lambda i: i > 2),  # unknown size
+        tf.data.Dataset.range(10).repeat(),  # infinite
+        tf.data.Dataset.range(10).enumerate(),  # a known size, but `at` does not work on it
+    ]
+    assert DatasetSource.random_access(tf.data.Dataset.range(10).map(lambda i: i * 2))
+    assert not any(DatasetSource.random_access(d) for d in streams)
 
 
 class TwoSources:

@@ -80,6 +80,54 @@ def test_npy_fast_path_cluster_run_equals_the_array_job(tmp_path, data_env, arra
     assert not (run_dir / "data").exists(), "the job's own files are read; nothing is copied into the run dir"
 
 
+def resumed_cluster_and_standalone(tmp_path, args: list[str], stop: int, steps: int, env=None):
+    """The job on 2 workers and 2 ps, stopped at `stop` (a checkpoint) and resumed to `steps`; and in one
+    process, uninterrupted. Returns (the cluster run dir, the standalone run dir)."""
+    run_dir, reference = tmp_path / "run", tmp_path / "reference"
+    cluster = ["launch", *args, "--workers", "2", "--ps", "2", "--run-dir", str(run_dir)]
+    first = run_pstrain([*cluster, "--steps", str(stop)], env=env)
+    assert first.returncode == 0, first.output
+    second = run_pstrain([*cluster, "--steps", str(steps)], env=env)
+    assert second.returncode == 0, second.output
+    assert f"steps {stop}..{steps}" in second.output
+    alone = run_pstrain(["train", "--standalone", *args, "--run-dir", str(reference), "--steps", str(steps)], env=env)
+    assert alone.returncode == 0, alone.output
+    records = metrics(run_dir)[0]
+    assert [r["step"] for r in records] == list(range(steps)) and all(len(r["workers"]) == 2 for r in records)
+    assert_no_orphans(second)
+    return run_dir, reference
+
+
+def test_tfrecord_stream_resumed_cluster_run_equals_standalone(tmp_path, data_env):
+    """TFRecord files through list_files, interleave(TFRecordDataset), parse_single_example and a filter
+    (no 9s: a stream whose size is known only at its end), 24 examples per slot: 1,283 examples make
+    53 batches an epoch (11 examples dropped), so step 26 holds the last batch of epoch 0 and the first
+    of epoch 1. Stopped at step 30, after the epoch length was learnt, and resumed at epoch 1 from it."""
+    args, per_epoch = ["--job", "tests.jobs.data_jobs:digits_records_filtered", "--global-batch-size", "48"], 53
+    run_dir, reference = resumed_cluster_and_standalone(tmp_path, args, 30, 40, data_env)
+    assert json.loads((run_dir / "stream.json").read_text()) == {"slot_batch_size": 24, "batches_per_epoch": per_epoch}
+    assert_same_model(run_dir, reference, digits.eval_data()[0])
+    for run in (run_dir, reference):
+        records = metrics(run)[0]
+        assert [r["epoch"] for r in records] == [2 * step // per_epoch for step in range(40)]
+        assert all(r["reread"] == 0 for r in records if "reread" in r), "each worker read its batches forward"
+    assert metrics(run_dir)[1]["eval_loss"] == pytest.approx(metrics(reference)[1]["eval_loss"], abs=1e-4)
+
+
+def test_text_features_resumed_cluster_run_equals_standalone(tmp_path):
+    """chief.jobs.digits_text: a string column (train_data(), written as a fixed-width .npy the workers
+    memory-map and decode) through a StringLookup, stopped and resumed on 2 workers and 2 ps: the
+    standalone model, and a SavedModel that takes the strings."""
+    from chief.jobs import digits_text
+
+    run_dir, reference = resumed_cluster_and_standalone(tmp_path, ["--job", "chief.jobs.digits_text"], 15, 30)
+    assert np.load(run_dir / "data" / "train-0.npy", mmap_mode="r").dtype == np.dtype("<U8")
+    features = digits_text.eval_data()[0]
+    assert_same_model(run_dir, reference, features)  # served from each run's SavedModel, fed strings
+    accuracy = np.mean(predictions(run_dir, features).argmax(axis=1) == digits_text.eval_data()[1])
+    assert accuracy > 0.3 and metrics(run_dir)[1]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-9)
+
+
 def test_backup_workers_with_png_files(tmp_path, data_env):
     run_dir, steps = tmp_path / "run", 12
     args = ["launch", "--job", "chief.jobs.digits_files", "--run-dir", str(run_dir), "--steps", str(steps)]

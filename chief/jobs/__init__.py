@@ -99,7 +99,7 @@ def checked_arrays(spec: str, what: str, data: Any) -> tuple:
         )
     import tensorflow as tf
 
-    data = tuple(tf.nest.map_structure(np.asarray, part) for part in data)
+    data = tuple(tf.nest.map_structure(lambda a: fixed_width(np.asarray(a), f"--job {spec}: {what}()"), part) for part in data)
     parts = ("features", "labels", "sample_weights")
     lengths = {
         f"{parts[i]}{'' if len(tf.nest.flatten(part)) == 1 else f'[{j}]'}": (len(a) if a.ndim else 0)
@@ -110,6 +110,27 @@ def checked_arrays(spec: str, what: str, data: Any) -> tuple:
         shown = ", ".join(f"{name} {n}" for name, n in lengths.items())
         raise JobError(f"--job {spec}: {what}() returned {shown} rows; they must match and be non-empty")
     return data
+
+
+def fixed_width(array: np.ndarray, what: str) -> np.ndarray:
+    """`array` with text as fixed-width NumPy strings: an object array of `str` becomes `U`, of `bytes`
+    `S` (what `.npy` files hold and the workers decode in-graph); other arrays are returned as they are."""
+    if array.dtype != object:
+        return array
+    kinds = {type(x) for x in array.flat}
+    if kinds <= {str} or kinds <= {bytes}:
+        return array.astype(str if kinds <= {str} else bytes)
+    found = ", ".join(sorted(k.__name__ for k in kinds))
+    raise JobError(f"{what}: an object array holds {found}; give text as str (or bytes) and numbers as a numeric array")
+
+
+def tensor_dtype(array: Any) -> Any:
+    """The tf.DType of a NumPy array or tensor: tf.string for text (`U`, `S` or object arrays)."""
+    import tensorflow as tf
+
+    if isinstance(array, np.ndarray) and array.dtype.kind in "USO":
+        return tf.string
+    return tf.as_dtype(array.dtype)
 
 
 def rows(nest: Any, index: Any) -> Any:

@@ -154,3 +154,17 @@ class AssertsAtStep1:
     @staticmethod
     def model_fn():
         return tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), FrozenBias(10)])
+
+
+class UnorderedRecords:
+    """TFRecord files read through an unseeded shuffle: a different order in every build."""
+
+    model_fn = staticmethod(digits.model_fn)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+
+    @staticmethod
+    def train_dataset():
+        from chief.jobs import digits_records
+
+        return digits_records.train_dataset().shuffle(512)  # no seed

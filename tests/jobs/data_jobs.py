@@ -111,3 +111,67 @@ class big_arrays:  # noqa: N801
         x[:] = np.arange(big_arrays.INPUTS, dtype=np.float32) / big_arrays.INPUTS  # cheap to fill, not compressible away
         x[:, 0] = np.arange(rows, dtype=np.float32) / rows
         return x, x[:, 0].copy()
+
+
+class lookup_layers:  # noqa: N801
+    """Text and id features through every Keras preprocessing layer with a table or a hash:
+    StringLookup, TextVectorization (given vocabularies), IntegerLookup and Hashing."""
+
+    COLORS = ["red", "green", "blue", "cyan"]
+
+    @staticmethod
+    def model_fn():
+        color = tf_keras.Input((2,), dtype=tf.string, name="color")
+        words = tf_keras.Input((1,), dtype=tf.string, name="words")
+        size = tf_keras.Input((1,), dtype=tf.int64, name="size")
+        parts = [
+            tf_keras.layers.StringLookup(vocabulary=lookup_layers.COLORS, output_mode="multi_hot")(color),
+            tf_keras.layers.TextVectorization(vocabulary=["a", "b", "c"], output_mode="multi_hot")(words),
+            tf_keras.layers.IntegerLookup(vocabulary=[1, 2, 3], output_mode="one_hot")(size),
+            tf_keras.layers.Hashing(8, output_mode="one_hot")(words),
+        ]
+        x = tf_keras.layers.Concatenate()([tf.cast(p, tf.float32) for p in parts])
+        return tf_keras.Model({"color": color, "words": words, "size": size}, tf_keras.layers.Dense(1)(x))
+
+    loss_fn = staticmethod(tf_keras.losses.mean_squared_error)
+    optimizer_fn = staticmethod(lambda: tf_keras.optimizers.legacy.SGD(0.05))
+
+    @staticmethod
+    def train_data():
+        rng = np.random.default_rng(0)
+        color = np.array([*lookup_layers.COLORS, "pink"])[rng.integers(0, 5, (128, 2))]  # "pink": out of vocabulary
+        words = np.array(["a b", "c", "b c zz", "q"], dtype=object)[rng.integers(0, 4, (128, 1))]
+        size = rng.integers(0, 4, (128, 1))
+        target = (color[:, 0] == "red") + size[:, 0] + np.char.count(words[:, 0].astype(str), "b")
+        return {"color": color, "words": words, "size": size}, target.astype(np.float32)
+
+
+class digits_records_filtered:  # noqa: N801
+    """chief.jobs.digits_records without the 9s (a filter: the epoch's size is unknown until it ends)."""
+
+    model_fn = staticmethod(digits.model_fn)
+    loss_fn = staticmethod(digits.loss_fn)
+    optimizer_fn = staticmethod(digits.optimizer_fn)
+    eval_data = staticmethod(digits.eval_data)
+
+    @staticmethod
+    def train_dataset():
+        from chief.jobs import digits_records
+
+        return digits_records.train_dataset().filter(lambda image, label: label != 9)
+
+
+class filtered_regression:  # noqa: N801
+    """A linear regression on a filtered range: 77 examples, a stream of unknown size (9 batches of 8)."""
+
+    model_fn = staticmethod(lambda: linear_model(4))
+    loss_fn = staticmethod(mse)
+    optimizer_fn = staticmethod(lambda: tf_keras.optimizers.legacy.SGD(learning_rate=0.05))
+
+    @staticmethod
+    def train_dataset():
+        def example(i):
+            x = tf.sin(tf.cast(tf.range(4), tf.float32) + tf.cast(i, tf.float32))
+            return x, tf.reduce_sum(x) * 0.5
+
+        return tf.data.Dataset.range(90).filter(lambda i: i % 7 != 0).map(example)
