@@ -327,19 +327,24 @@ class ClusterEngine:
                 batch, hit, where = read(i, step)
                 token = gate.wait(step, global_step)
 
-                def compute():
-                    def replica_fn(batch):
+                def replica_fn(batch, token):
+                    # The model reads its parameters once the gate let this step through: a control edge,
+                    # opened here as the replica function runs in its own thread. No tf.cond around the
+                    # model: a lookup layer's per-worker table cannot be captured into a branch.
+                    with tf.control_dependencies([token]):
                         loss, grads, deltas = replica_step(replica, batch, step, slot)
+
+                    def push():
                         pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
                         if backups:  # the apply takes the first N slots to arrive
                             pushes = [aggregator.arrive(slot, step, worker, pushes)]
                         with tf.control_dependencies(pushes):
                             return tf.constant(True)
 
-                    return strategy.run(replica_fn, args=(batch,))
+                    # Another token than this step: applied without this slot (a backup, a re-run), or ABORT.
+                    return tf.cond(tf.equal(token, step), push, lambda: tf.constant(False))
 
-                # Another token than this step: applied without this slot (a backup, a re-run), or ABORT.
-                computed = tf.cond(tf.equal(token, step), compute, lambda: tf.constant(False))
+                computed = strategy.run(replica_fn, args=(batch, token))
                 hits = hits + tf.cast(tf.logical_and(computed, hit), tf.int64)
                 wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
                 with tf.control_dependencies([computed]):  # the next step waits for this one's pushes

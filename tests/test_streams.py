@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from chief.jobs import JobError, load_job
 from chief.sources import DataError, train_source
@@ -76,7 +77,8 @@ def test_an_order_that_is_not_fixed_and_a_pipeline_shorter_than_a_batch_are_refu
 
 class FilteredJob:
     model_fn = staticmethod(lambda: tf.keras.Sequential())  # unused here
-    loss_fn = optimizer_fn = staticmethod(lambda *a: None)
+    loss_fn = staticmethod(lambda *a: None)
+    optimizer_fn = staticmethod(lambda: tf_keras.optimizers.legacy.SGD(0.1))
     train_dataset = staticmethod(filtered)
 
 
@@ -149,7 +151,7 @@ def test_a_stream_trains_on_the_in_process_cluster_as_standalone_across_epoch_en
     for sub in ("cluster", "local"):
         (tmp_path / sub).mkdir()
     cluster, local = engines(in_process_cluster, tmp_path, total_num_replicas=2)
-    results = [(cluster.step(k), local.step(k)) for k in range(12)]
+    results = list(zip(cluster.run(0, 1) + cluster.run(1, 7) + cluster.run(8, 4), local.run(0, 12), strict=True))
     cluster.close()
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
     assert [c.epoch for c, _ in results] == [s.epoch for _, s in results] == [2 * k // 9 for k in range(12)]
@@ -165,7 +167,7 @@ def test_a_stream_with_a_backup_slot_reads_every_batch_forward(in_process_cluste
     for sub in ("cluster", "local"):
         (tmp_path / sub).mkdir()
     cluster, _ = engines(in_process_cluster, tmp_path, total_num_replicas=3)
-    results = [cluster.step(k) for k in range(8)]
+    results = cluster.run(0, 8)
     cluster.close()
     assert all(r.aggregated == 2 and r.applied for r in results)
     assert [r.epoch for r in results] == [3 * k // 9 for k in range(8)]
