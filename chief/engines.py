@@ -330,19 +330,16 @@ class ClusterEngine:
                 def replica_fn(batch, token):
                     # The model reads its parameters once the gate let this step through: a control edge,
                     # opened here as the replica function runs in its own thread. No tf.cond around the
-                    # model: a lookup layer's per-worker table cannot be captured into a branch.
+                    # model (a lookup layer's per-worker table cannot be captured into a branch) nor around
+                    # the pushes: a push for a step already applied (a backup's, a re-run's) is dropped by
+                    # its accumulator, and after ABORT the accumulators are not used again.
                     with tf.control_dependencies([token]):
                         loss, grads, deltas = replica_step(replica, batch, step, slot)
-
-                    def push():
-                        pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
-                        if backups:  # the apply takes the first N slots to arrive
-                            pushes = [aggregator.arrive(slot, step, worker, pushes)]
-                        with tf.control_dependencies(pushes):
-                            return tf.constant(True)
-
-                    # Another token than this step: applied without this slot (a backup, a re-run), or ABORT.
-                    return tf.cond(tf.equal(token, step), push, lambda: tf.constant(False))
+                    pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
+                    if backups:  # the apply takes the first N slots to arrive
+                        pushes = [aggregator.arrive(slot, step, worker, pushes)]
+                    with tf.control_dependencies(pushes):
+                        return tf.equal(token, step)  # whether this slot's gradient can count for its step
 
                 computed = strategy.run(replica_fn, args=(batch, token))
                 hits = hits + tf.cast(tf.logical_and(computed, hit), tf.int64)

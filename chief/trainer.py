@@ -184,10 +184,14 @@ class TrainingRun:
             if not result.applied and self.train.on_nonfinite == "stop":
                 self.checkpoints.save(step)  # the state before the bad step; its update was withheld
                 self.metrics.flush()
-                value = "loss is" if result.nonfinite == "loss" else f"mean gradient of {result.nonfinite} is"
+                what = (
+                    f"loss is {result.loss}"
+                    if result.nonfinite == "loss"
+                    else f"the mean gradient of {result.nonfinite} is not finite (loss {result.loss})"
+                )
                 raise TrainingError(
-                    f"step {step}: {value} not finite (loss {result.loss}); stopped without applying it, checkpoint at "
-                    f'step {step} (lower the learning rate, check the data, or set train.on_nonfinite = "skip")'
+                    f"step {step}: {what}; stopped without applying it, checkpoint at step {step} "
+                    '(lower the learning rate, check the data, or set train.on_nonfinite = "skip")'
                 )
             self.metrics.write(
                 {
