@@ -10,6 +10,7 @@ per dispatch, and one), TF2 ParameterServerStrategy asynchronous, the TF1 SyncRe
 recipe (whose sparse accumulators keep embedding gradients sparse), one process; and the transfer
 limit: closures that read the touched rows from the ps and write as many back, no compute.
 --scaling: pstrain and TF1 with 1, 2, 4 and 8 workers (1 M rows, global batch fixed, 1 ps).
+--per-execution 1,4,16,64: pstrain alone with each number of steps per dispatch (1 M rows), interleaved.
 
 Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS
 """
@@ -305,6 +306,31 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
 SCALING = (1, 2, 4, 8)
 
 
+def per_execution(values: list[int], batch: int, steps: int, repeats: int) -> dict[int, list[dict]]:
+    """pstrain on 1 M rows with each steps_per_execution K, interleaved round by round."""
+    from tests.benchmarks.bench import peer_pstrain
+
+    runs: dict[int, list[dict]] = {k: [] for k in values}
+    for repeat in range(repeats):
+        for k in values:
+            result = peer_pstrain("1m", batch, steps, job=JOBS["1m"], extra=["--steps-per-execution", str(k)])
+            runs[k].append(result)
+            print(f"  K round {repeat + 1} K={k}: {result['step_s'] * 1000:.1f} ms/step", flush=True)
+    return runs
+
+
+def per_execution_table(runs: dict[int, list[dict]], batch: int) -> str:
+    lines = [
+        f"\nsteps per dispatch: 1 M rows, 2 workers, 1 ps, global batch {batch}",
+        "| K | ms/step | examples/s |",
+        "|---|---|---|",
+    ]
+    for k, rs in runs.items():
+        step = statistics.median(r["step_s"] for r in rs)
+        lines.append(f"| {k} | {step * 1000:.1f} | {batch / step:,.0f} |")
+    return "\n".join(lines)
+
+
 def scaling(batch: int, steps: int, repeats: int) -> dict[str, dict[int, list[dict]]]:
     """pstrain and TF1 at each worker count (1 M rows, 1 ps, global batch fixed), interleaved."""
     runs: dict[str, dict[int, list[dict]]] = {"pstrain": {n: [] for n in SCALING}, "tf1": {n: [] for n in SCALING}}
@@ -339,6 +365,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--scaling", action="store_true", help="also pstrain and TF1 with 1, 2, 4, 8 workers (1m)")
+    parser.add_argument("--per-execution", default="", help="also pstrain with each K steps per dispatch, e.g. 1,4,16,64")
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -359,6 +386,10 @@ def main() -> int:
     if len(sizes) > 1 and "pstrain" in peers:
         steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in sizes]
         print(f"\npstrain step at {sizes[-1]} ÷ at {sizes[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    if args.per_execution:
+        values = [int(k) for k in args.per_execution.split(",")]
+        results["per_execution"] = per_execution(values, batch, args.steps, args.repeats)
+        print(per_execution_table(results["per_execution"], batch), flush=True)
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps, args.repeats)
         print(scaling_table(results["scaling"], batch), flush=True)
