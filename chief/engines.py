@@ -296,7 +296,7 @@ class ClusterEngine:
         self._apply_fn = self._build_apply_fn()
         self._unblock_fn = tf.function(self.aggregator.unblock)
         one_ps = len({v.device for v in self.state.model.weights} | {device}) == 1
-        self._apply_device = device if one_ps and os.environ.get("PSTRAIN_APPLY_ON", "ps") == "ps" else None
+        self._apply_device = device if one_ps else None
 
     def _build_worker_fn(self):
         global_step, aggregator, replica, gate = self.state.global_step, self.aggregator, self.replica, self.gate
