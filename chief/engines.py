@@ -322,7 +322,7 @@ class ClusterEngine:
                     element = next(iterator)
                 return (*source.worker_batch(element, positions[i], expected, tag), nowhere)
 
-            def body(i, token, hits, wheres):
+            def body(i, token, wheres):
                 step = first + tf.cast(i, tf.int64)
                 batch, hit, where = read(i, step)
                 token = gate.wait(step, global_step)
@@ -341,21 +341,19 @@ class ClusterEngine:
                     with tf.control_dependencies(pushes):
                         return tf.equal(token, step)  # whether this slot's gradient can count for its step
 
-                computed = strategy.run(replica_fn, args=(batch, token))
-                hits = hits + tf.cast(tf.logical_and(computed, hit), tf.int64)
+                pushed = strategy.run(replica_fn, args=(batch, token))
                 wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
-                with tf.control_dependencies([computed]):  # the next step waits for this one's pushes
-                    return i + 1, token, hits, wheres
+                with tf.control_dependencies([pushed]):  # the next step waits for this one's pushes
+                    return i + 1, token, wheres
 
-            _, _, hits, wheres = tf.while_loop(
+            _, _, wheres = tf.while_loop(
                 lambda i, token, *_: tf.logical_and(i < count, tf.not_equal(token, ABORT)),
                 body,
-                (tf.constant(0, tf.int32), tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.TensorArray(tf.int64, 0, True)),
+                (tf.constant(0, tf.int32), tf.constant(0, tf.int64), tf.TensorArray(tf.int64, 0, True)),
                 parallel_iterations=1,
             )
-            # One packed result (each output costs a fetch RPC): worker, hits, then per step [j, epoch, index, hit].
-            head = tf.stack([tf.cast(worker, tf.int64), hits])
-            return tf.concat([head, tf.reshape(wheres.stack(), [-1])], 0)
+            # One packed result (each output costs a fetch RPC): the worker, then per step [j, epoch, index, hit].
+            return tf.concat([[tf.cast(worker, tf.int64)], tf.reshape(wheres.stack(), [-1])], 0)
 
         return worker_fn
 
@@ -485,18 +483,20 @@ class ClusterEngine:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
         slot_worker = {slot: int(out[0]) for slot, out in results.items()}
-        per_step = {slot: out[2:].reshape(-1, 4) for slot, out in results.items()}  # [j, epoch, index, hit] per step
+        per_step = {slot: out[1:].reshape(-1, 4) for slot, out in results.items()}  # [j, epoch, index, hit] per step
         steps = []
         for i in np.flatnonzero(proceeded):
             picked = np.flatnonzero(chosen[i])
             # With backups the apply knows each chosen slot's worker; else the closures said.
             found = {int(workers[i][s]) if workers[i][s] >= 0 else slot_worker.get(int(s), -1) for s in picked}
             bad = first_nonfinite(finite[i].tolist(), self.names)
+            # The chosen slots' [j, epoch, index, hit] rows of this step (a closure's rows start at `first`).
+            read = [per_step[s][i] for s in picked if s in per_step and i < len(per_step[s])]
+            hits = int(sum(r[3] for r in read))
             epoch = reread = None
-            if streams:  # the chosen slots' batches: their epochs, and how many were read from a fresh pipeline
-                read = [per_step[s][i] for s in picked if s in per_step and i < len(per_step[s])]
+            if streams:  # their batches' epochs, and how many were read from a fresh pipeline
                 self.source.observe([r[:3] for r in read])
-                epoch, reread = self.source.epoch_of(first + int(i)), int(sum(r[3] for r in read))
+                epoch, reread = self.source.epoch_of(first + int(i)), hits
             steps.append(
                 StepResult(
                     loss=float(losses[i]),
@@ -505,14 +505,13 @@ class ClusterEngine:
                     workers=sorted(found - {-1}),
                     applied=bad is None,
                     nonfinite=bad,
+                    read_ahead=hits if self._readahead else None,
                     epoch=epoch,
                     reread=reread,
                     # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
                     timing={"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count},
                 )
             )
-        if self._readahead and steps:  # counted per closure, over the block
-            steps[-1].read_ahead = sum(int(out[1]) for out in results.values())
         return steps
 
     def _apply_block(self, first: tf.Tensor, count: tf.Tensor):
@@ -575,6 +574,7 @@ class ClusterEngine:
             futures.wait(self._late, timeout=30.0)
         for future in [f for f in self._late if f.done()]:
             future.result()
-        late = int(tf.function(self.aggregator.pending_arrivals)().numpy())
+        prepared = hasattr(self, "aggregator")
+        late = int(tf.function(self.aggregator.pending_arrivals)().numpy()) if prepared else 0
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         return late

@@ -90,8 +90,11 @@ def test_an_error_outside_the_job_is_not_the_users(job):
 def test_loss_fn_shape_diagnosis_only_for_shape_problems():
     """slot_loss says "make the labels match" for labels that do not fit the outputs, and lets a loss_fn's
     own bug through (then reported by user_error with its file:line)."""
-    from chief.jobs import JobError
+    from chief.jobs import Job, JobError
     from chief.losses import slot_loss
+
+    def job(loss_fn) -> Job:
+        return Job("a job", lambda: None, loss_fn, lambda: None, None, None)
 
     predictions = tf.zeros((4, 10))
 
@@ -99,11 +102,11 @@ def test_loss_fn_shape_diagnosis_only_for_shape_problems():
         return tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
 
     with pytest.raises(JobError, match=r"loss_fn failed on labels of shape \[4, 3\] .* make the labels match"):
-        slot_loss(mismatched, np.zeros((4, 3), np.int64), predictions, None, num_slots=2)
+        slot_loss(job(mismatched), None, np.zeros((4, 3), np.int64), predictions, None, num_slots=2)
 
     def buggy(y_true, y_pred):
         raise ValueError("boom: not written yet")
 
     with pytest.raises(ValueError, match="boom: not written yet") as raised:
-        slot_loss(buggy, np.zeros(4, np.int64), predictions, None, num_slots=2)
+        slot_loss(job(buggy), None, np.zeros(4, np.int64), predictions, None, num_slots=2)
     assert type(raised.value) is ValueError, "the job's own error, not a shape diagnosis"
