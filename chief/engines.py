@@ -328,12 +328,16 @@ class ClusterEngine:
                 token = gate.wait(step, global_step)
 
                 def replica_fn(batch, token):
-                    # The model reads its parameters once the gate let this step through: a control edge,
-                    # opened here as the replica function runs in its own thread. No tf.cond around the
-                    # model (a lookup layer's per-worker table cannot be captured into a branch) nor around
-                    # the pushes: a push for a step already applied (a backup's, a re-run's) is dropped by
-                    # its accumulator, and after ABORT the accumulators are not used again.
+                    # The model reads its parameters once the gate let this step through: control edges,
+                    # opened here as the replica function runs in its own thread, on the examples and on
+                    # every op the step makes (TF adds a control edge only to ops whose inputs all come from
+                    # outside the block, so a table gathered by ids looked up from the examples would
+                    # otherwise be read early). No tf.cond around the model (a lookup layer's per-worker
+                    # table cannot be captured into a branch) nor around the pushes: a push for a step
+                    # already applied (a backup's, a re-run's) is dropped by its accumulator, and after
+                    # ABORT the accumulators are not used again.
                     with tf.control_dependencies([token]):
+                        batch = tf.nest.map_structure(tf.identity, batch)
                         loss, grads, deltas = replica_step(replica, batch, step, slot)
                     pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
                     if backups:  # the apply takes the first N slots to arrive
