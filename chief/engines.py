@@ -297,6 +297,7 @@ class ClusterEngine:
         self._unblock_fn = tf.function(self.aggregator.unblock)
         one_ps = len({v.device for v in self.state.model.weights} | {device}) == 1
         self._apply_device = device if one_ps else None
+        self._warm = False
 
     def _build_worker_fn(self):
         global_step, aggregator, replica, gate = self.state.global_step, self.aggregator, self.replica, self.gate
@@ -429,13 +430,19 @@ class ClusterEngine:
         """Run steps first..first+count-1 in one dispatch; see `Engine.run`. With more slots than workers
         a closure would wait at the gate for slots queued behind it on its own worker: then one step
         per dispatch, as the closures of a step can run one after another."""
-        per_dispatch = count if self.train.total_num_replicas <= len(self.workers) else 1
         results: list[StepResult] = []
         try:
-            for start in range(first, first + count, per_dispatch):
-                block = self._run(start, min(per_dispatch, first + count - start), interrupted)
+            start, end = first, first + count
+            while start < end:
+                # One step per dispatch while the engine is cold (the functions and per-worker data are made
+                # during its first dispatch) and with more slots than workers; else the whole block.
+                together = self._warm and self.train.total_num_replicas <= len(self.workers)
+                size = end - start if together else 1
+                block = self._run(start, size, interrupted)
+                self._warm = True
                 results += block
-                if len(block) < per_dispatch or any(not r.applied for r in block) or interrupted():
+                start += len(block)
+                if len(block) < size or any(not r.applied for r in block) or interrupted():
                     break  # interrupted, or a withheld step: the caller decides (skip mode carries on next call)
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
             found = explain_worker_error(e, self.workers) or user_error(e, job_file(self.job.spec), self._open_step())
@@ -473,9 +480,11 @@ class ClusterEngine:
             remote = self.coordinator.schedule(self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
-        applying = self._fetchers.submit(self._apply_block, first_t, count_t)
         self._finished, results = [], {}
-        stalled = self._wait(applying, pending, results, interrupted)
+        if count == 1 and not self._pushed(pending, results, interrupted):
+            return []  # interrupted before the step's gradients were in: nothing applied
+        applying = self._fetchers.submit(self._apply_block, first_t, count_t)
+        stalled = self._wait(applying, pending, results, interrupted, can_stall=count > 1)
         losses, chosen, workers, late, finite, proceeded = (value.numpy() for value in applying.result())
         if stalled:  # the accumulators hold the unblocking pushes: start afresh from the global step
             self.prepare(int(self.state.global_step.numpy()))
@@ -518,6 +527,21 @@ class ClusterEngine:
             )
         return steps
 
+    def _pushed(self, pending: dict, results: dict, interrupted: Callable[[], bool]) -> bool:
+        """A one-step block's closures wait for nothing: let N of them push before the apply starts, so
+        that no apply waits on the ps while a worker still makes its functions and data (the first
+        dispatch after `prepare`: a blocking apply there was seen to hold it up). False if interrupted."""
+        waiting = set(pending)
+        while waiting and len(results) < self.train.replicas_to_aggregate:
+            done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
+            for future in done:
+                results[pending[future]] = future.result()
+                self._finished.append(pending[future])
+            if len(results) < self.train.replicas_to_aggregate and interrupted():
+                self._late.update(waiting)
+                return False
+        return True
+
     def _apply_block(self, first: tf.Tensor, count: tf.Tensor):
         """The block's apply loop: on the ps when there is one (no call between its steps leaves the ps);
         with several ps on the chief, as a ps cannot reach another ps (ParameterServerStrategy's filters)."""
@@ -526,11 +550,12 @@ class ClusterEngine:
         with tf.device(self._apply_device):
             return self._apply_fn(first, count)
 
-    def _wait(self, applying, pending: dict, results: dict, interrupted: Callable[[], bool]) -> bool:
+    def _wait(self, applying, pending: dict, results: dict, interrupted: Callable[[], bool], can_stall=False) -> bool:
         """Wait for `applying` (or, when None, for every closure in `pending`), surfacing closure errors at
-        once. When `interrupted()` turns true, or the global step stalls (`_stalled`), stop the apply at
-        the next step boundary; returns whether it stalled."""
-        waiting = set(pending) | ({applying} if applying else set())
+        once. When `interrupted()` turns true, or (`can_stall`: a block of several steps, whose closures
+        wait for each other at the gate) the global step stalls, stop the apply at the next step
+        boundary; returns whether it stalled."""
+        waiting = {f for f, slot in pending.items() if slot not in results} | ({applying} if applying else set())
         unblocked_at, stalled = None, False
         progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
@@ -542,7 +567,7 @@ class ClusterEngine:
                 self._finished.append(pending[future])
             if applying is None or applying.done():
                 continue
-            if not stalled and not interrupted() and time.monotonic() - progress[1] > 1.0:
+            if can_stall and not stalled and not interrupted() and time.monotonic() - progress[1] > 1.0:
                 progress, stalled = self._stalled(progress)
             if stalled or interrupted():
                 now = time.monotonic()

@@ -331,11 +331,11 @@ def per_execution_table(runs: dict[int, list[dict]], batch: int) -> str:
     return "\n".join(lines)
 
 
-def scaling(batch: int, steps: int, repeats: int) -> dict[str, dict[int, list[dict]]]:
+def scaling(batch: int, steps: int, repeats: int, counts=SCALING) -> dict[str, dict[int, list[dict]]]:
     """pstrain and TF1 at each worker count (1 M rows, 1 ps, global batch fixed), interleaved."""
-    runs: dict[str, dict[int, list[dict]]] = {"pstrain": {n: [] for n in SCALING}, "tf1": {n: [] for n in SCALING}}
+    runs: dict[str, dict[int, list[dict]]] = {"pstrain": {n: [] for n in counts}, "tf1": {n: [] for n in counts}}
     for repeat in range(repeats):
-        for n in SCALING:
+        for n in counts:
             for peer in runs:
                 result = run_peer(peer, "1m", batch, steps, workers=n)
                 runs[peer][n].append(result)
@@ -350,11 +350,12 @@ def scaling_table(runs: dict[str, dict[int, list[dict]]], batch: int) -> str:
         "| workers | pstrain ms/step | TF1 ms/step | pstrain ÷ TF1 (examples/s) |",
         "|---|---|---|---|",
     ]
-    for n in SCALING:
+    for n in step["pstrain"]:
         mine, theirs = step["pstrain"][n], step["tf1"][n]
         lines.append(f"| {n} | {mine * 1000:.1f} | {theirs * 1000:.1f} | {theirs / mine:.2f}× |")
-    growth = {peer: step[peer][8] / step[peer][2] for peer in step}
-    lines.append(f"step at 8 workers ÷ at 2: pstrain {growth['pstrain']:.2f}×, TF1 {growth['tf1']:.2f}×")
+    low, high = min(step["pstrain"]), max(step["pstrain"])
+    growth = {peer: step[peer][high] / step[peer][low] for peer in step}
+    lines.append(f"step at {high} workers ÷ at {low}: pstrain {growth['pstrain']:.2f}×, TF1 {growth['tf1']:.2f}×")
     return "\n".join(lines)
 
 
@@ -364,7 +365,8 @@ def main() -> int:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--scaling", action="store_true", help="also pstrain and TF1 with 1, 2, 4, 8 workers (1m)")
+    parser.add_argument("--scaling", action="store_true", help="also pstrain and TF1 at several worker counts (1m)")
+    parser.add_argument("--scaling-workers", default="1,2,4,8", help="the worker counts of --scaling")
     parser.add_argument("--per-execution", default="", help="also pstrain with each K steps per dispatch, e.g. 1,4,16,64")
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--out", default="")
@@ -391,7 +393,8 @@ def main() -> int:
         results["per_execution"] = per_execution(values, batch, args.steps, args.repeats)
         print(per_execution_table(results["per_execution"], batch), flush=True)
     if args.scaling:
-        results["scaling"] = scaling(batch, args.steps, args.repeats)
+        counts = tuple(int(n) for n in args.scaling_workers.split(","))
+        results["scaling"] = scaling(batch, args.steps, args.repeats, counts)
         print(scaling_table(results["scaling"], batch), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
