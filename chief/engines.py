@@ -442,8 +442,9 @@ class ClusterEngine:
                 self._warm = True
                 results += block
                 start += len(block)
-                if len(block) < size or any(not r.applied for r in block) or interrupted():
-                    break  # interrupted, or a withheld step: the caller decides (skip mode carries on next call)
+                withheld = self.train.on_nonfinite == "stop" and any(not r.applied for r in block)
+                if len(block) < size or withheld or interrupted():
+                    break  # interrupted, or a step withheld under "stop": the caller checkpoints and stops
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
             found = explain_worker_error(e, self.workers) or user_error(e, job_file(self.job.spec), self._open_step())
             if found is None:
