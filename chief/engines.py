@@ -337,10 +337,17 @@ class ClusterEngine:
                     # table cannot be captured into a branch) nor around the pushes: a push for a step
                     # already applied (a backup's, a re-run's) is dropped by its accumulator, and after
                     # ABORT the accumulators are not used again.
+                    graph = tf.compat.v1.get_default_graph()
+                    made = len(graph.get_operations())
                     with tf.control_dependencies([token]):
                         batch = tf.nest.map_structure(tf.identity, batch)
                         loss, grads, deltas = replica_step(replica, batch, step, slot)
-                    pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
+                    # A job's assertions (tf.debugging.assert_*, a stateful cond around an Assert) feed
+                    # nothing: the pushes wait for every stateful op of the step, so a step whose assertion
+                    # fails is never applied and the error names that step.
+                    stateful = [op for op in graph.get_operations()[made:] if op._is_stateful]
+                    with tf.control_dependencies(stateful):
+                        pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
                     if backups:  # the apply takes the first N slots to arrive
                         pushes = [aggregator.arrive(slot, step, worker, pushes)]
                     with tf.control_dependencies(pushes):
@@ -427,9 +434,9 @@ class ClusterEngine:
         return apply_fn
 
     def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
-        """Run steps first..first+count-1 in one dispatch; see `Engine.run`. With more slots than workers
-        a closure would wait at the gate for slots queued behind it on its own worker: then one step
-        per dispatch, as the closures of a step can run one after another."""
+        """Run steps first..first+count-1, in one dispatch when the engine is warm; see `Engine.run`. With
+        more slots than workers a closure would wait at the gate for slots queued behind it on its own
+        worker: then one step per dispatch, as the closures of a step can run one after another."""
         results: list[StepResult] = []
         try:
             start, end = first, first + count
