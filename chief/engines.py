@@ -542,17 +542,13 @@ class ClusterEngine:
         waiting = set(pending)
         while waiting and len(results) < self.train.replicas_to_aggregate:
             done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
-            self._collect(done, pending, results)
+            for future in done:
+                results[pending[future]] = future.result()
+                self._finished.append(pending[future])
             if len(results) < self.train.replicas_to_aggregate and interrupted():
                 self._late.update(waiting)
                 return False
         return True
-
-    def _collect(self, done: set, pending: dict, results: dict) -> None:
-        """Record finished closures by slot, in the order they finished; a job error in one surfaces here."""
-        for future in done:
-            results[pending[future]] = future.result()
-            self._finished.append(pending[future])
 
     def _apply_block(self, first: tf.Tensor, count: tf.Tensor):
         """The block's apply loop: on the ps when there is one (no call between its steps leaves the ps);
@@ -569,10 +565,14 @@ class ClusterEngine:
         boundary; returns whether it stalled."""
         waiting = {f for f, slot in pending.items() if slot not in results} | ({applying} if applying else set())
         unblocked_at, stalled = None, False
-        progress = (int(self.state.global_step.numpy()) if can_stall else 0, time.monotonic())
+        progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
             done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
-            self._collect(done - {applying}, pending, results)
+            for future in done:
+                if future is applying:
+                    continue
+                results[pending[future]] = future.result()  # a job error in a closure surfaces here
+                self._finished.append(pending[future])
             if applying is None or applying.done():
                 continue
             if can_stall and not stalled and not interrupted() and time.monotonic() - progress[1] > 1.0:
