@@ -8,8 +8,8 @@ from pathlib import Path
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from chief.trainer import main_guarded  # noqa: E402
-from cluster.launch.lifetime import die_with_parent  # noqa: E402
 from cluster.rundir import load_train  # noqa: E402
+from cluster.taskenv import die_with_parent  # noqa: E402
 
 die_with_parent()
 if os.environ.get("PSTRAIN_LOG_DEVICE_PLACEMENT") == "1":

@@ -22,15 +22,7 @@ from chief.export import evaluate
 from chief.jobs import checked_arrays, load_job, rows
 from chief.sources import train_source
 from cluster.errors import TrainingError
-from cluster.rundir import load_train
-
-
-def run_finished(run_dir: Path) -> bool:
-    """Whether the run wrote its "done" line."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return False
-    return any('"event": "done"' in line for line in path.read_text().splitlines())
+from cluster.rundir import RunDir
 
 
 def checkpoints_to_evaluate(directory: Path, seen: set[int]) -> list[tuple[int, str]]:
@@ -44,13 +36,14 @@ def checkpoints_to_evaluate(directory: Path, seen: set[int]) -> list[tuple[int, 
 def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[str], None] = print) -> int:
     """Evaluate every new checkpoint of `run_dir` until the run is done; returns the exit code."""
     deadline = time.monotonic() + timeout_s
-    while not (run_dir / "cluster.json").exists():  # started beside a run that has not begun yet
+    layout = RunDir(run_dir)
+    while not layout.config_record.exists():  # started beside a run that has not begun yet
         if time.monotonic() > deadline:
             from chief.jobs import JobError
 
             raise JobError(f"evaluate: {run_dir} is not a pstrain run directory (no cluster.json); give the run's --run-dir")
         time.sleep(poll_s)
-    train = load_train(run_dir)
+    train = layout.train()
     job = load_job(train.job)
 
     def first_training_examples(n: int):  # the eval set of a job without one
@@ -65,10 +58,10 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
     model(sample, training=False)
     checkpoint = tf.train.Checkpoint(model=model)
     seen: set[int] = set()
-    with open(run_dir / "eval.jsonl", "a", buffering=1) as out:
+    with open(layout.evaluations, "a", buffering=1) as out:
         while True:
-            finished = run_finished(run_dir)  # read before listing: a done run has written its last checkpoint
-            for step, path in checkpoints_to_evaluate(run_dir / "checkpoints", seen):
+            finished = layout.is_done()  # read before listing: a done run has written its last checkpoint
+            for step, path in checkpoints_to_evaluate(layout.checkpoints, seen):
                 try:
                     checkpoint.restore(path).expect_partial()
                 except (tf.errors.NotFoundError, tf.errors.DataLossError):

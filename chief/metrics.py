@@ -12,10 +12,11 @@ from typing import Any, TextIO
 
 from chief.tensorboard import TensorBoardLog
 from cluster.errors import writing
+from cluster.rundir import read_records
 
 
 class MetricsLog:
-    """Append-only step log; on resume, lines past the restored step are dropped first. Every record
+    """Append-only step log at `path` (RunDir.metrics); on resume, lines past the restored step are dropped first. Every record
     also goes to the TensorBoard event files under the same run dir (chief/tensorboard.py)."""
 
     def __init__(
@@ -28,19 +29,10 @@ class MetricsLog:
         """`learning_rate(step)`, where given, adds "learning_rate" to every step record."""
         self.path, self.tensorboard_dir = path, path.parent / "tensorboard"
         self.learning_rate = learning_rate
-        kept, history = [], []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a crash
-                if "step" in record and record["step"] < resume_step:
-                    kept.append(line)
-                    history.append(record)
+        history = [r for r in read_records(path) if "step" in r and r["step"] < resume_step]
         tmp = path.with_suffix(".tmp")
         with writing(path):
-            tmp.write_text("".join(f"{line}\n" for line in kept))
+            tmp.write_text("".join(f"{json.dumps(record)}\n" for record in history))
             tmp.replace(path)
             self._file = open(path, "a", buffering=1)
         with writing(self.tensorboard_dir):

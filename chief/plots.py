@@ -6,11 +6,11 @@ Agg backend (no display needed) and writes each PNG as tmp + rename.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from cluster.errors import ConfigError
+from cluster.rundir import RunDir
 
 Series = tuple[list[int], list[float]]
 FIGSIZE, DPI = (6.4, 3.6), 100  # 640 x 360 pixels
@@ -18,15 +18,12 @@ FIGSIZE, DPI = (6.4, 3.6), 100  # 640 x 360 pixels
 
 def load_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(step records, eval records) of metrics.jsonl; the "done" line counts as an eval at the last step."""
-    path = run_dir / "metrics.jsonl"
+    layout = RunDir(run_dir)
+    path = layout.metrics
     if not path.exists():
         raise ConfigError(f"pstrain plot: {path} not found; give the --run-dir of a run")
     steps, evals = [], []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
+    for record in layout.read_metrics():
         if record.get("event") == "eval":
             evals.append(record)
         elif record.get("event") == "done":
@@ -80,10 +77,11 @@ def gradient_series(steps: list[dict]) -> dict[int, Series]:
 
 def examples_per_step(run_dir: Path) -> int:
     """The global batch size the run was started with (cluster.json)."""
+    layout = RunDir(run_dir)
     try:
-        return int(json.loads((run_dir / "cluster.json").read_text())["train"]["global_batch_size"])
+        return int(layout.record()["train"]["global_batch_size"])
     except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"pstrain plot: {run_dir / 'cluster.json'} unreadable ({e}); give the --run-dir of a run") from None
+        raise ConfigError(f"pstrain plot: {layout.config_record} unreadable ({e}); give the --run-dir of a run") from None
 
 
 def y_limit(totals: list[float]) -> float | None:
@@ -102,7 +100,7 @@ def render(run_dir: Path) -> list[Path]:
     from matplotlib.ticker import MaxNLocator
 
     steps, evals = load_records(run_dir)
-    out_dir = run_dir / "plots"
+    out_dir = RunDir(run_dir).plots
     out_dir.mkdir(exist_ok=True)
     written = []
 

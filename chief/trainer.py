@@ -15,7 +15,6 @@ run.finish()                                   # final checkpoint, evaluation, S
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -46,10 +45,13 @@ from cluster.errors import (
     TrainingError,
     UserCodeError,
     disk_full_path,
+    report,
     user_error,
 )
-from cluster.launch.lifetime import wait_until_ready
+from cluster.rundir import RunDir
 from cluster.stop import StopTrap
+from cluster.taskenv import TaskEnv, wait_until_ready
+from cluster.tfconfig import chief_address
 
 log = logging.getLogger("pstrain.chief")
 
@@ -86,8 +88,7 @@ def block_length(step: int, train: TrainConfig, first_step: int) -> int:
 
 def start_agent(stop: StopTrap) -> Agent | None:
     """Register the chief with the control plane (when the launcher runs one) and heartbeat."""
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    agent = agent_from_env("chief", 0, cluster.get("chief", [""])[0])
+    agent = agent_from_env("chief", 0, chief_address(os.environ.get("TF_CONFIG")))
     if agent is None:
         return None
     agent.register(devices=[], deadline_s=30)
@@ -137,13 +138,13 @@ class TrainingRun:
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(engine.state.model.weights))
-        checkpoints = Checkpoints(engine.state, job, sample, run_dir / "checkpoints", local=standalone)
+        checkpoints = Checkpoints(engine.state, job, sample, RunDir(run_dir).checkpoints, local=standalone)
         first = checkpoints.restore_latest()
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
         engine.prepare(first)
         startup.mark("restore and prepare")
-        progress = Progress(train.steps, first, tty=os.environ.get("PSTRAIN_TTY") == "1")
+        progress = Progress(train.steps, first, tty=TaskEnv.from_env().tty)
         run = cls(
             run_dir,
             train,
@@ -151,7 +152,7 @@ class TrainingRun:
             engine,
             checkpoints,
             MetricsLog(
-                run_dir / "metrics.jsonl",
+                RunDir(run_dir).metrics,
                 first,
                 examples_per_step=train.global_batch_size,
                 learning_rate=learning_rate_fn(engine.state.optimizer),
@@ -293,7 +294,7 @@ def last_line(message: str) -> str:
 
 def record_traceback(run_dir: Path, error: BaseException, standalone: bool) -> Path:
     """Put `error`'s full traceback in the task's log (standalone: a file of that name); returns its path."""
-    path = run_dir / "logs" / "chief-0.log"
+    path = RunDir(run_dir).log("chief-0")
     text = "".join(traceback.format_exception(error))
     try:
         if standalone:
@@ -322,27 +323,21 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             ) from None
     except UserCodeError as e:  # raised by the engine, which knows the step
         trace = record_traceback(run_dir, e.__cause__ or e, standalone)
-        print(f"pstrain: error: {e}; traceback in {trace}", file=sys.stderr, flush=True)
-        return e.exit_code
+        return report(f"{e}; traceback in {trace}", e.exit_code)
     except RestartableError as e:  # the launcher restarts the chief, or says to run again: it speaks, not us
         log.warning("%s", e)
         return e.exit_code
     except PstrainError as e:
         if isinstance(e, DiskFullError):
-            remove_partial_saves(run_dir / "checkpoints")  # frees their space; the last complete checkpoint stays
-        print(f"pstrain: error: {e}", file=sys.stderr)
-        return e.exit_code
+            remove_partial_saves(RunDir(run_dir).checkpoints)  # frees their space; the last complete checkpoint stays
+        return report(e)
     except Exception as e:  # a job that raises: one line here, the traceback in the log
         if (full := disk_full_path(e, run_dir)) is not None:  # a write not wrapped in `writing`
-            remove_partial_saves(run_dir / "checkpoints")
-            print(f"pstrain: error: {DiskFullError(full)}", file=sys.stderr)
-            return EXIT_FAILURE
+            remove_partial_saves(RunDir(run_dir).checkpoints)
+            return report(DiskFullError(full))
         if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
-            print(f"pstrain: error: {data_error}", file=sys.stderr)  # e.g. a data file missing here
-            return data_error.exit_code
+            return report(data_error)  # e.g. a data file missing here
         trace = record_traceback(run_dir, e, standalone)
         if found := user_error(e, job_file(train.job)):
-            print(f"pstrain: error: {found}; traceback in {trace}", file=sys.stderr, flush=True)
-            return found.exit_code
-        print(f"pstrain: error: {type(e).__name__}: {last_line(str(e))} (traceback in {trace})", file=sys.stderr)
-        return EXIT_FAILURE
+            return report(f"{found}; traceback in {trace}", found.exit_code)
+        return report(f"{type(e).__name__}: {last_line(str(e))} (traceback in {trace})", EXIT_FAILURE)

@@ -17,8 +17,11 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from cluster import __version__
 from cluster.config import Config, load_toml, parse_address, resolve, with_train
 from cluster.control.security import Credentials, load_token
-from cluster.errors import ConfigError, PstrainError
+from cluster.errors import ConfigError, PstrainError, report
 from cluster.rundir import default_run_dir
+from cluster.slurm import PORT_BASE
+from cluster.taskenv import DEFAULT_CONTROL_PORT
+from cluster.tfconfig import named_task_type
 
 TRAIN_FLAGS = (
     ("--job", str, "job module: package.module or package.module:attr"),
@@ -63,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--log-dir", default="", help="task logs (default runs/node-<timestamp>/logs)")
     node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
     node.add_argument("--slurm", action="store_true", help="this node's tasks from SLURM_* (one per node under srun)")
-    node.add_argument("--port-base", type=int, default=2222, help="with --slurm: chief port; control +1, tasks above")
+    node.add_argument("--port-base", type=int, default=PORT_BASE, help="with --slurm: chief port; control +1, tasks above")
     add_control_flags(node)
     add_deploy_commands(sub)
     evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate each new checkpoint of a run until it is done")
@@ -92,7 +95,7 @@ def add_deploy_commands(sub) -> None:
     """`pstrain task` (every pod of a TFJob) and `pstrain render tfjob|slurm`."""
     task = sub.add_parser("task", help="serve the role (chief, ps or worker) that an injected TF_CONFIG names")
     task.add_argument("--config", default="", help="the pod config (counts, heartbeats, [train]); addresses come from TF_CONFIG")
-    task.add_argument("--control-port", type=int, default=2229, help="the control plane's port on the chief")
+    task.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="the control plane's port on the chief")
     render = sub.add_parser("render", help="write a deployment for Kubernetes (TFJob) or Slurm (sbatch)")
     kinds = render.add_subparsers(dest="kind", required=True)
     tfjob = kinds.add_parser("tfjob", help="a Kubeflow TFJob (kubeflow.org/v1) and its ConfigMap")
@@ -101,7 +104,7 @@ def add_deploy_commands(sub) -> None:
     tfjob.add_argument("--namespace", default="default")
     tfjob.add_argument("--token-secret", default="", help="Secret with key 'token' (default NAME-token)")
     tfjob.add_argument("--run-dir-claim", default="", help="PersistentVolumeClaim for the chief's run dir (default NAME-runs)")
-    tfjob.add_argument("--control-port", type=int, default=2229, help="the control plane's container port")
+    tfjob.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="the control plane's container port")
     tfjob.add_argument("--worker-gpus", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
     slurm = kinds.add_parser("slurm", help="an sbatch script: one pstrain node --slurm per node")
     slurm.add_argument("--nodes", type=int, default=0, help="nodes (default: workers / GPUs per node)")
@@ -109,7 +112,7 @@ def add_deploy_commands(sub) -> None:
     slurm.add_argument("--time", default="01:00:00", help="time limit; the run checkpoints 120 s before it")
     slurm.add_argument("--partition", default="")
     slurm.add_argument("--job-name", default="pstrain")
-    slurm.add_argument("--port-base", type=int, default=2222, help="chief port; control +1, ps and workers above")
+    slurm.add_argument("--port-base", type=int, default=PORT_BASE, help="chief port; control +1, ps and workers above")
     for command in (tfjob, slurm):
         command.add_argument("--config", required=True, help="the cluster config (TOML)")
         command.add_argument("--output", "-o", default="", help="file to write (default: standard output)")
@@ -180,16 +183,15 @@ def control_call(args: argparse.Namespace) -> int:
 def run_node_command(args: argparse.Namespace) -> int:
     import time
 
-    from cluster.launch.launcher import control_env
-    from cluster.launch.node import node_cluster, run_node
+    from cluster.launch.node import node_cluster, node_env, run_node
 
     if bool(args.config) == bool(args.chief):
         raise ConfigError("pstrain node: give exactly one of --config FILE or --chief HOST:PORT")
-    config_cluster = resolve(load_toml(args.config)).cluster if args.config else None
-    creds = control_credentials(args, config_cluster)
-    cluster, tasks = node_cluster(config_cluster, args.chief, creds, args.timeout)
+    config = resolve(load_toml(args.config)) if args.config else None
+    creds = control_credentials(args, config.cluster if config else None)
+    cluster, tasks = node_cluster(config.cluster if config else None, args.chief, creds, args.timeout)
     log_dir = Path(args.log_dir or f"runs/node-{time.strftime('%Y%m%d-%H%M%S')}/logs")
-    return run_node(cluster, tasks, control_env(cluster, creds), log_dir)
+    return run_node(cluster, tasks, node_env(config, cluster, creds), log_dir)
 
 
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
@@ -263,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch(config_from_args(args, gpu_count=gpu_count()))
     except PstrainError as e:
-        print(f"pstrain: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return report(e)
 
 
 EVALUATOR_TIMEOUT_S = 7 * 24 * 3600.0  # an evaluator task gives up on a run that never finishes after a week
@@ -272,17 +273,11 @@ EVALUATOR_TIMEOUT_S = 7 * 24 * 3600.0  # an evaluator task gives up on a run tha
 
 def evaluator_run_dir(flag: str) -> Path | None:
     """For a TF_CONFIG `evaluator` task (Kubeflow's Evaluator replica): the run dir it follows; None otherwise."""
-    import json
-
-    try:
-        task_type = json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["type"]
-    except (ValueError, KeyError, TypeError):
-        return None  # the server reports a bad TF_CONFIG itself
-    if task_type != "evaluator":
-        return None
+    if named_task_type(os.environ.get("TF_CONFIG")) != "evaluator":
+        return None  # (the server reports a bad TF_CONFIG itself)
     run_dir = flag or os.environ.get("PSTRAIN_RUN_DIR", "")
     if not run_dir:
-        raise SystemExit(
+        raise ConfigError(
             "pstrain server: TF_CONFIG task type 'evaluator' evaluates a run's checkpoints; "
             "give it the run directory with --run-dir or $PSTRAIN_RUN_DIR (a volume shared with the chief)"
         )
@@ -294,13 +289,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.pop("TF_CONFIG", None)
     from chief.evaluation import follow
-    from cluster.errors import PstrainError
 
-    try:
-        return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
-    except PstrainError as e:
-        print(f"pstrain: error: {e}", file=sys.stderr)
-        return e.exit_code
+    return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
 
 
 def run_standalone(config: Config) -> int:

@@ -2,8 +2,8 @@
 
 Code anywhere raises a `PstrainError` subclass with a one-line message that names the field or
 function and the fix; only the entry points (`pstrain`, `python -m chief`, `python -m worker`) catch
-it, print `pstrain: error: <message>` and exit with `error.exit_code`. Pure: no imports beyond the
-standard library, so every role may import it.
+it, print it with `report` (the one formatter: `pstrain: error: <message>`) and exit with
+`error.exit_code`. Pure: no imports beyond the standard library, so every role may import it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import signal
+import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +45,20 @@ class RestartableError(PstrainError):
     """A cluster task became unreachable; running the same command again resumes from the checkpoint."""
 
     exit_code = EXIT_RESTARTABLE
+
+
+def error_line(message: object) -> str:
+    """The one console form of an error: `pstrain: error: <message>`."""
+    return f"pstrain: error: {message}"
+
+
+def report(error: PstrainError | str, exit_code: int | None = None) -> int:
+    """Print `error` on stderr as `error_line` does; returns its exit code (`exit_code` where given,
+    else the error's own, else EXIT_FAILURE for a bare message)."""
+    print(error_line(error), file=sys.stderr, flush=True)
+    if exit_code is not None:
+        return exit_code
+    return error.exit_code if isinstance(error, PstrainError) else EXIT_FAILURE
 
 
 def signal_exit_code(signum: int) -> int:

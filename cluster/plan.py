@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from cluster.config import ClusterConfig
 from cluster.task import TaskId
+from cluster.tfconfig import task_tf_config
 
 # Every task: fail fast on unreachable peers so ClusterCoordinator can retry (TF's PS tutorial),
 # legacy Keras (Keras 3 has no ParameterServerStrategy), unbuffered logs.
@@ -32,10 +32,6 @@ def cluster_spec(cluster: ClusterConfig) -> dict[str, list[str]]:
     return {"chief": [cluster.chief], "ps": list(cluster.ps), "worker": list(cluster.workers)}
 
 
-def tf_config(cluster: ClusterConfig, task_type: str, index: int) -> str:
-    return json.dumps({"cluster": cluster_spec(cluster), "task": {"type": task_type, "index": index}})
-
-
 def visible_devices(cluster: ClusterConfig, task_type: str, index: int) -> str:
     """CUDA_VISIBLE_DEVICES: a worker sees its own GPU; ps and chief see none unless configured."""
     if task_type == "worker":
@@ -47,7 +43,7 @@ def visible_devices(cluster: ClusterConfig, task_type: str, index: int) -> str:
 def plan_task(cluster: ClusterConfig, task_type: str, index: int) -> TaskPlan:
     address = cluster_spec(cluster)[task_type][index]
     env = dict(COMMON_ENV)
-    env["TF_CONFIG"] = tf_config(cluster, task_type, index)
+    env["TF_CONFIG"] = task_tf_config(cluster_spec(cluster), task_type, index)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(cluster, task_type, index)
     return TaskPlan(task=TaskId(task_type, index), address=address, env=env)
 

@@ -1,4 +1,7 @@
-"""The run directory: layout, cluster.json, and whether an existing one may be resumed."""
+"""The run directory: its layout (`RunDir`), the config record (cluster.json), metrics.jsonl as read back,
+and whether an existing one may be resumed. Every reader and writer of a run directory takes its paths
+here; metrics.jsonl and cluster.json are parsed nowhere else.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,87 @@ RESULT_FIELDS = (
     "shuffle",
     "on_nonfinite",
 )
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory: where each file of a run lives, and the files read back."""
+
+    path: Path
+
+    @property
+    def config_record(self) -> Path:
+        """cluster.json: the resolved cluster and [train] settings (`describe`), written by `prepare`."""
+        return self.path / "cluster.json"
+
+    @property
+    def metrics(self) -> Path:
+        """metrics.jsonl: one JSON line per step, eval lines, then a "done" line (chief/metrics.py writes it)."""
+        return self.path / "metrics.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def log(self, task_name: str) -> Path:
+        """A task's log, e.g. `log("worker-0")`."""
+        return self.logs / f"{task_name}.log"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def evaluations(self) -> Path:
+        """eval.jsonl: the sidecar evaluator's line per checkpoint (chief/evaluation.py)."""
+        return self.path / "eval.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def plots(self) -> Path:
+        return self.path / "plots"
+
+    @property
+    def control_token(self) -> Path:
+        """The generated control-plane token (owner-only)."""
+        return self.path / "control.token"
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every record of metrics.jsonl in order ([] when there is none yet); a line cut short by a crash is skipped."""
+        return read_records(self.metrics)
+
+    def is_done(self) -> bool:
+        """Whether the run wrote its "done" line."""
+        return any(record.get("event") == "done" for record in self.read_metrics())
+
+    def record(self) -> dict[str, Any]:
+        """cluster.json as written (OSError when missing, ValueError when not JSON)."""
+        return json.loads(self.config_record.read_text())
+
+    def train(self) -> TrainConfig:
+        """The [train] settings the run was started with."""
+        return TrainConfig(**self.record()["train"])
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file ([] when it does not exist); lines that do not parse (cut
+    short by a crash) are skipped."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def default_run_dir(job: str, now: float | None = None) -> str:
@@ -57,15 +141,16 @@ def check_compatible(previous: dict[str, Any], train: TrainConfig) -> None:
 
 def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
     """Create the layout and write cluster.json, after checking any earlier run there."""
-    path = run_dir / "cluster.json"
+    layout = RunDir(run_dir)
+    path = layout.config_record
     if path.exists():
         try:
             previous = json.loads(path.read_text())
         except ValueError:
             raise ConfigError(f"--run-dir: {path} is not valid JSON; use a new --run-dir") from None
         check_compatible(previous, train)
-    for sub in ("logs", "checkpoints"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    for sub in (layout.logs, layout.checkpoints):
+        sub.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
@@ -90,11 +175,10 @@ def checkpoint_step(state_text: str) -> int | None:
 def latest_checkpoint_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint, read without TensorFlow; None when there is none."""
     try:
-        return checkpoint_step((run_dir / "checkpoints" / "checkpoint").read_text())
+        return checkpoint_step((RunDir(run_dir).checkpoints / "checkpoint").read_text())
     except OSError:
         return None
 
 
 def load_train(run_dir: Path) -> TrainConfig:
-    record = json.loads((run_dir / "cluster.json").read_text())
-    return TrainConfig(**record["train"])
+    return RunDir(run_dir).train()

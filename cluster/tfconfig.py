@@ -1,4 +1,7 @@
-"""An injected TF_CONFIG (Kubeflow TFJob, or any scheduler that sets it) -> pstrain's cluster. Pure.
+"""TF_CONFIG: the only module that parses or writes it. Pure.
+
+An injected TF_CONFIG (Kubeflow TFJob, or any scheduler that sets it) -> pstrain's cluster; what a
+`pstrain server` serves; and TF_CONFIG as pstrain writes it for each task it starts.
 
 The operator writes lower-cased task types (``chief`` or its old alias ``master``, ``ps``,
 ``worker``; an ``evaluator`` is not part of the training cluster), addresses
@@ -19,15 +22,57 @@ ROLES = ("chief", "ps", "worker")
 ADDRESS_FIELDS = ("host", "chief", "ps", "workers", "control", "worker_gpus")
 
 
+_SHAPE_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
+
+
+def _read(raw: str) -> tuple[dict[str, Any], str, int]:
+    """(cluster as given, task type as given, task index); one of _SHAPE_ERRORS where the text is not that."""
+    config = json.loads(raw)
+    cluster, task = dict(config["cluster"]), config["task"]
+    return cluster, str(task["type"]), int(task["index"])
+
+
+def named_task_type(raw: str | None) -> str | None:
+    """The task type TF_CONFIG names, None where it is unset or unreadable (its reader reports that)."""
+    try:
+        return _read(raw)[1] if raw else None
+    except _SHAPE_ERRORS:
+        return None
+
+
+def chief_address(raw: str | None) -> str:
+    """The chief's address in TF_CONFIG's cluster ("" where there is none)."""
+    try:
+        return str(_read(raw)[0].get("chief", [""])[0]) if raw else ""
+    except (*_SHAPE_ERRORS, IndexError):
+        return ""
+
+
+def server_task(raw: str | None) -> tuple[dict[str, Any], str, int]:
+    """What `pstrain server` serves: (cluster as given, "worker" or "ps", index), with one-line errors."""
+    if not raw:
+        raise ConfigError("pstrain server: TF_CONFIG is not set; the launcher sets it, or set it as TFJob does")
+    try:
+        cluster, kind, index = _read(raw)
+    except _SHAPE_ERRORS as e:
+        raise ConfigError(
+            f"pstrain server: TF_CONFIG is invalid ({e!r}); expect {{cluster: ..., task: {{type, index}}}}"
+        ) from None
+    if kind not in ("worker", "ps"):
+        raise ConfigError(f"pstrain server: TF_CONFIG task type {kind!r} is not 'worker' or 'ps'")
+    if index >= len(cluster.get(kind, [])):
+        raise ConfigError(f"pstrain server: TF_CONFIG task {kind}:{index} is missing from its cluster")
+    return cluster, kind, index
+
+
 def parse_tf_config(raw: str | None) -> tuple[dict[str, list[str]], str, int]:
     """(cluster spec with keys chief/ps/worker, task type, task index) from TF_CONFIG's text."""
     if not raw:
         raise ConfigError("TF_CONFIG: not set; the TFJob operator injects it, or set it as it does")
     try:
-        config = json.loads(raw)
-        cluster, task = dict(config["cluster"]), config["task"]
-        task_type, index = str(task["type"]).lower(), int(task["index"])
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        cluster, task_type, index = _read(raw)
+        task_type = task_type.lower()
+    except _SHAPE_ERRORS as e:
         raise ConfigError(f"TF_CONFIG: invalid ({e!r}); expect {{cluster: {{...}}, task: {{type, index}}}}") from None
     spec: dict[str, list[str]] = {}
     for key, addresses in cluster.items():

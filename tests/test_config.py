@@ -5,8 +5,9 @@ import json
 import pytest
 
 from cluster.config import ConfigError, resolve
-from cluster.plan import plan_servers, plan_task, tf_config
+from cluster.plan import cluster_spec, plan_servers, plan_task
 from cluster.rundir import check_compatible
+from cluster.tfconfig import task_tf_config
 
 
 def test_defaults_one_chief_one_ps_two_workers():
@@ -82,7 +83,8 @@ def test_tf_config_and_env_per_task():
     raw = {"cluster": {"chief": "h:1", "ps": ["h:2"], "workers": ["h:3", "h:4"], "worker_gpus": [1, 0]}}
     cluster = resolve(raw, gpu_count=2).cluster
     spec = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
-    assert json.loads(tf_config(cluster, "worker", 1)) == {"cluster": spec, "task": {"type": "worker", "index": 1}}
+    written = json.loads(task_tf_config(cluster_spec(cluster), "worker", 1))
+    assert written == {"cluster": spec, "task": {"type": "worker", "index": 1}}
     servers = plan_servers(cluster)
     assert [p.task.log_name for p in servers] == ["ps-0", "worker-0", "worker-1"]
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in servers] == ["", "1", "0"]

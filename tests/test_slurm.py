@@ -135,10 +135,11 @@ def test_a_second_nodes_tasks_get_the_token_and_tls_ca_of_the_control_plane(tmp_
     raw = {"cluster": {"ps": 1, "workers": 2, "token_file": str(tmp_path / "token"), **tls}, "train": {"run_dir": "/shared"}}
     config, _, runs_chief = slurm_config(raw, env_for(1))
     assert not runs_chief
-    assert shared_control_env(config.cluster) == {
+    assert shared_control_env(config) == {
         "PSTRAIN_CONTROL": "node9:2223",
         "PSTRAIN_HEARTBEAT_INTERVAL": "2.0",
         "PSTRAIN_HEARTBEAT_TIMEOUT": "10.0",
+        "PSTRAIN_REGISTER_TIMEOUT": "60.0",
         "PSTRAIN_TOKEN": "s3cret",
         "PSTRAIN_TLS_CA": ca,
     }

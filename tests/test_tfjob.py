@@ -194,10 +194,11 @@ def test_a_pods_task_gets_the_token_and_tls_ca_of_the_control_plane(tmp_path):
     tls = {"tls_cert": "/pki/chief.pem", "tls_key": "/pki/chief.key", "tls_ca": "/pki/ca.pem"}
     spec = {"chief": ["demo-chief-0:2222"], "ps": ["demo-ps-0:2222"], "worker": ["demo-worker-0:2222"]}
     config = config_for_tf_config({"cluster": {"token_file": str(tmp_path / "token"), **tls}}, spec, "demo-chief-0:2229")
-    assert shared_control_env(config.cluster) == {
+    assert shared_control_env(config) == {
         "PSTRAIN_CONTROL": "demo-chief-0:2229",
         "PSTRAIN_HEARTBEAT_INTERVAL": "2.0",
         "PSTRAIN_HEARTBEAT_TIMEOUT": "10.0",
+        "PSTRAIN_REGISTER_TIMEOUT": "60.0",
         "PSTRAIN_TOKEN": "s3cret",
         "PSTRAIN_TLS_CA": "/pki/ca.pem",
     }

@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from cluster.control.agent import Refused, agent_from_env
-from cluster.errors import ConfigError, PstrainError
-from cluster.launch.lifetime import die_with_parent
+from cluster.errors import ConfigError, PstrainError, report
+from cluster.taskenv import TaskEnv, die_with_parent
+from cluster.tfconfig import server_task
 
 log = logging.getLogger("pstrain.server")
 
 
-def task_from_env() -> tuple[dict, str, int]:
-    """(cluster spec, task type, task index) from TF_CONFIG, with one-line errors."""
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        raise ConfigError("pstrain server: TF_CONFIG is not set; the launcher sets it, or set it as TFJob does")
-    try:
-        config = json.loads(raw)
-        cluster, task = config["cluster"], config["task"]
-        task_type, index = task["type"], int(task["index"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"pstrain server: TF_CONFIG is invalid ({e!r}); expect {{cluster: ..., task: {{type, index}}}}"
-        ) from None
-    if task_type not in ("worker", "ps"):
-        raise ConfigError(f"pstrain server: TF_CONFIG task type {task_type!r} is not 'worker' or 'ps'")
-    if index >= len(cluster.get(task_type, [])):
-        raise ConfigError(f"pstrain server: TF_CONFIG task {task_type}:{index} is missing from its cluster")
-    return cluster, task_type, index
+def leave(error: PstrainError) -> NoReturn:
+    """Report `error` and exit with its code at once: a running TF server cannot be stopped in-process."""
+    sys.stdout.flush()
+    os._exit(report(error))
 
 
 def gpu_memory_fn(tf):
@@ -47,14 +34,13 @@ def main() -> int:
     try:
         return serve()
     except PstrainError as e:
-        print(f"pstrain: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+        return report(e)
 
 
 def serve() -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
-    cluster, task_type, index = task_from_env()
+    cluster, task_type, index = server_task(os.environ.get("TF_CONFIG"))
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     import tensorflow as tf
@@ -75,15 +61,13 @@ def serve() -> int:
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
     if agent:
         try:
-            agent.register(devices, deadline_s=float(os.environ.get("PSTRAIN_REGISTER_TIMEOUT", "60")))
+            agent.register(devices, deadline_s=TaskEnv.from_env().register_timeout)
         except (Refused, TimeoutError) as e:
-            print(f"pstrain: error: {task_type}:{index}: {e}", file=sys.stderr, flush=True)
-            os._exit(2)
+            leave(ConfigError(f"{task_type}:{index}: {e}"))
 
         def stop(reason: str, lost: bool) -> None:
             if lost:  # the chief is gone: leave, and say so with the exit code
-                print(f"pstrain: error: {task_type}:{index}: {reason}; stopping", file=sys.stderr, flush=True)
-                os._exit(1)
+                leave(PstrainError(f"{task_type}:{index}: {reason}; stopping"))
             log.info("%s:%d: %s", task_type, index, reason)
             os.kill(os.getpid(), signal.SIGTERM)
 

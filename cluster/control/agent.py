@@ -18,16 +18,13 @@ import grpc
 import psutil
 
 from cluster.control.proto import control_pb2 as pb
-from cluster.control.security import TOKEN_ENV, Credentials
+from cluster.control.security import Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
 from cluster.task import TaskId
+from cluster.taskenv import TaskEnv
 from cluster.versions import local_versions
 
 log = logging.getLogger("pstrain.agent")
-
-CONTROL_ENV = "PSTRAIN_CONTROL"
-INTERVAL_ENV = "PSTRAIN_HEARTBEAT_INTERVAL"
-TIMEOUT_ENV = "PSTRAIN_HEARTBEAT_TIMEOUT"
 
 
 class Refused(RuntimeError):
@@ -152,17 +149,16 @@ class Agent:
 
 def agent_from_env(task_type: str, index: int, address: str, gpu_memory: Callable[[], int] = lambda: 0) -> Agent | None:
     """The agent the launcher or node asked for through the environment; None without a control plane."""
-    control = os.environ.get(CONTROL_ENV)
-    if not control:
+    env = TaskEnv.from_env()
+    if not env.control:
         return None
-    creds = Credentials(token=os.environ.get(TOKEN_ENV, ""), tls_ca=os.environ.get("PSTRAIN_TLS_CA", ""))
     return Agent(
-        control,
-        creds,
+        env.control,
+        Credentials(token=env.token, tls_ca=env.tls_ca),
         task_type,
         index,
         address,
-        heartbeat_interval=float(os.environ.get(INTERVAL_ENV, "2")),
-        heartbeat_timeout=float(os.environ.get(TIMEOUT_ENV, "10")),
+        heartbeat_interval=env.heartbeat_interval,
+        heartbeat_timeout=env.heartbeat_timeout,
         gpu_memory=gpu_memory,
     )

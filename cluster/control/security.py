@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 
 from cluster.config import ConfigError
+from cluster.taskenv import TOKEN_ENV
 
-TOKEN_ENV = "PSTRAIN_TOKEN"
 METADATA_KEY = "authorization"
 
 
@@ -30,12 +30,10 @@ class Credentials:
     def tls(self) -> bool:
         return bool(self.tls_cert or self.tls_ca)
 
-    def env(self) -> dict[str, str]:
-        """Environment that hands these credentials to a child task."""
-        env = {TOKEN_ENV: self.token}
-        if self.tls:
-            env["PSTRAIN_TLS_CA"] = self.tls_ca or self.tls_cert
-        return env
+    @property
+    def trusted_ca(self) -> str:
+        """The CA a client trusts ("" without TLS): tls_ca, else the (self-signed) certificate."""
+        return (self.tls_ca or self.tls_cert) if self.tls else ""
 
 
 def load_token(token_file: str = "", generate: bool = False) -> str:

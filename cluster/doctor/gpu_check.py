@@ -8,12 +8,15 @@ of every op of the functions it runs (`.../Conv2D: (Conv2D): /job:worker/replica
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+
+from cluster import errors
+from cluster.errors import PstrainError
+from cluster.rundir import RunDir
 
 COMPUTE_OPS = ("Conv2D", "MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "BiasAdd", "Conv2DBackpropFilter")
 PLACEMENT = re.compile(r"^\S+: \((\w+)\): (/job:worker/replica:\d+/task:(\d+)/device:(\w+):\d+)$", re.M)
@@ -30,17 +33,17 @@ def placements(log_text: str) -> dict[int, Counter]:
 
 def examples_per_second(run_dir: Path, skip: int = 3) -> float:
     """Global batch / median step time, first `skip` steps (tracing) excluded."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    seconds = [r["seconds"] for r in lines if "event" not in r and r.get("step", -1) >= skip]  # step lines, not eval lines
-    batch = json.loads((run_dir / "cluster.json").read_text())["train"]["global_batch_size"]
-    return batch / statistics.median(seconds)
+    layout = RunDir(run_dir)
+    records = layout.read_metrics()
+    seconds = [r["seconds"] for r in records if "event" not in r and r.get("step", -1) >= skip]  # step lines, not eval lines
+    return layout.train().global_batch_size / statistics.median(seconds)
 
 
 def report(cluster_run: Path, standalone_run: Path, workers: int) -> tuple[list[str], bool]:
     """(lines to print, every worker computed on a GPU)."""
     lines, on_gpu = [], True
     for index in range(workers):
-        log = cluster_run / "logs" / f"worker-{index}.log"
+        log = RunDir(cluster_run).log(f"worker-{index}")
         devices = placements(log.read_text(errors="replace")).get(index, Counter()) if log.exists() else Counter()
         if not devices:
             lines.append(f"worker-{index}: no placement logged in {log} (was PSTRAIN_LOG_DEVICE_PLACEMENT=1 set?)")
@@ -58,14 +61,20 @@ def report(cluster_run: Path, standalone_run: Path, workers: int) -> tuple[list[
     return lines, on_gpu
 
 
-def main(argv: list[str]) -> int:
-    cluster_run, standalone_run = Path(argv[0]), Path(argv[1])
-    workers = len(json.loads((cluster_run / "cluster.json").read_text())["cluster"]["worker"])
+def check(cluster_run: Path, standalone_run: Path) -> None:
+    """Print the report; PstrainError when a worker did not compute on a GPU."""
+    workers = len(RunDir(cluster_run).record()["cluster"]["worker"])
     lines, on_gpu = report(cluster_run, standalone_run, workers)
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
     if not on_gpu:
-        print("pstrain: error: gpu_check: a worker did not compute on a GPU (see above and its log)", file=sys.stderr)
-        return 1
+        raise PstrainError("gpu_check: a worker did not compute on a GPU (see above and its log)")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        check(Path(argv[0]), Path(argv[1]))
+    except PstrainError as e:
+        return errors.report(e)
     return 0
 
 

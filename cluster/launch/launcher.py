@@ -7,11 +7,11 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from cluster import rundir
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
-from cluster.control.agent import CONTROL_ENV, INTERVAL_ENV, TIMEOUT_ENV
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlPlane, serve
@@ -21,12 +21,12 @@ from cluster.errors import (
     ConfigError,
     DiskFullError,
     PstrainError,
+    report,
     returncode_exit_code,
     signal_exit_code,
     writing,
 )
 from cluster.launch.hosts import local_addresses
-from cluster.launch.lifetime import READY_ENV
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
@@ -35,6 +35,7 @@ from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.task import TaskId
+from cluster.taskenv import TOKEN_ENV, TaskEnv
 from cluster.versions import local_versions
 
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
@@ -42,28 +43,26 @@ CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal
 
 def say(text: str, error: bool = False, warning: bool = False) -> None:
     """A launcher line on the console: progress to stdout, problems (errors; warnings of a recovery) to stderr."""
-    level = "error: " if error else "warning: " if warning else ""
-    print(f"pstrain: {level}{text}", file=sys.stderr if error or warning else sys.stdout, flush=True)
+    if error:
+        report(text)
+        return
+    print(f"pstrain: {'warning: ' if warning else ''}{text}", file=sys.stderr if warning else sys.stdout, flush=True)
 
 
 def credentials(cluster: ClusterConfig, generate: bool) -> Credentials:
     return Credentials(load_token(cluster.token_file, generate=generate), cluster.tls_cert, cluster.tls_key, cluster.tls_ca)
 
 
-def control_env(cluster: ClusterConfig, creds: Credentials) -> dict[str, str]:
-    """What a task needs to find and authenticate to the control plane."""
-    return {
-        CONTROL_ENV: cluster.control,
-        INTERVAL_ENV: str(cluster.heartbeat_interval),
-        TIMEOUT_ENV: str(cluster.heartbeat_timeout),
-        **creds.env(),
-    }
+def control_env(config: Config, creds: Credentials) -> dict[str, str]:
+    """What every path (launch, node, Slurm, pod) hands a ps or worker of `config`: where the control
+    plane is, how to authenticate to it, the heartbeat settings and the registration timeout."""
+    return TaskEnv.for_config(config, creds.token, creds.trusted_ca).to_env()
 
 
-def shared_control_env(cluster: ClusterConfig) -> dict[str, str]:
+def shared_control_env(config: Config) -> dict[str, str]:
     """`control_env` for tasks started away from the launcher (a Slurm node, a TFJob pod): the cluster's
     shared token (token_file or $PSTRAIN_TOKEN; none is generated) and its TLS CA."""
-    return control_env(cluster, credentials(cluster, generate=False))
+    return control_env(config, credentials(config.cluster, generate=False))
 
 
 def expected_tasks(cluster: ClusterConfig) -> dict[TaskId, str]:
@@ -94,9 +93,9 @@ def describe_not_ready(child: Child) -> str:
 
 def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str:
     """Where `pstrain status` finds the token; a generated token is written to RUN_DIR/control.token."""
-    if cluster.token_file or "PSTRAIN_TOKEN" in os.environ:
+    if cluster.token_file or TOKEN_ENV in os.environ:
         return cluster.token_file
-    path = run_dir / "control.token"
+    path = rundir.RunDir(run_dir).control_token
     rundir.write_secret(path, creds.token)
     return str(path)
 
@@ -129,7 +128,7 @@ def launch_locked(
         rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
         lock.set_control(cluster.control)
         hint = token_hint(cluster, run_dir, creds)
-    supervisor = Supervisor(run_dir / "logs")
+    supervisor = Supervisor(rundir.RunDir(run_dir).logs)
     registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
     server = None
     with StopTrap() as stop:
@@ -139,13 +138,13 @@ def launch_locked(
                 f"control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
                 + (f" --token-file {hint}" if hint else "")
             )
-            env = control_env(cluster, creds)
+            env = control_env(replace(config, cluster=cluster), creds)
             servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
             # The chief starts with the servers: it imports TensorFlow and loads the job while they
             # start, and connects once the ready file says every one of them registered.
-            ready = run_dir / "logs" / f"cluster-ready-{os.getpid()}"
+            ready = rundir.RunDir(run_dir).logs / f"cluster-ready-{os.getpid()}"
             ready.unlink(missing_ok=True)
-            chief_env = {**env, "PSTRAIN_TTY": "1" if sys.stdout.isatty() else "0", READY_ENV: str(ready)}
+            chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
             chief_argv = python_module("chief", "--run-dir", str(run_dir))
             chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
             try:

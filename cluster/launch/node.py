@@ -14,12 +14,13 @@ from pathlib import Path
 
 import grpc
 
-from cluster.config import ClusterConfig, ConfigError, is_local_host, parse_address
+from cluster.config import ClusterConfig, Config, ConfigError, TrainConfig, is_local_host, parse_address
 from cluster.control.proto import control_pb2 as pb
 from cluster.control.security import Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
 from cluster.errors import returncode_exit_code
 from cluster.launch.hosts import local_addresses
+from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module
 from cluster.plan import plan_task
 from cluster.stop import StopTrap
@@ -64,8 +65,14 @@ def cluster_from_assignment(control: str, creds: Credentials, local: frozenset[s
     return cluster, [(t.type, t.index) for t in reply.tasks]
 
 
+def node_env(config: Config | None, cluster: ClusterConfig, creds: Credentials) -> dict[str, str]:
+    """What this node hands its tasks: the launcher's `control_env` for the shared `config` (given
+    only --chief, `cluster` from the chief's Assignment and the default [train] settings)."""
+    return control_env(Config(cluster, config.train if config else TrainConfig()), creds)
+
+
 def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], env: dict[str, str], log_dir: Path) -> int:
-    """Run `tasks` with the control plane's `env` (launcher.control_env) until they all exit (0, or the
+    """Run `tasks` with the control plane's `env` (`node_env`) until they all exit (0, or the
     first non-zero code) or a stop signal (128+N)."""
     if not tasks:
         raise ConfigError("cluster: no task of this cluster is assigned to this machine; check the hosts in the config")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cluster.config import Config, ConfigError, load_toml, parse_address, resolve
 from cluster.launch.launcher import launch, shared_control_env
+from cluster.rundir import RunDir
 from cluster.slurm import PORT_BASE, slurm_node
 
 
@@ -28,12 +29,12 @@ def slurm_config(raw: dict, env: Mapping[str, str], port_base: int = PORT_BASE) 
 
 def run_slurm_node(config_path: str, port_base: int = PORT_BASE) -> int:
     config, local_tasks, runs_chief = slurm_config(load_toml(config_path), os.environ, port_base)
-    env = shared_control_env(config.cluster)  # every node needs the job's token (none is generated) and TLS CA
+    env = shared_control_env(config)  # every node needs the job's token (none is generated) and TLS CA
     if runs_chief:
         port = parse_address("cluster.control", config.cluster.control)[1]
         return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}")
     from cluster.launch.node import run_node
 
-    log_dir = Path(config.train.run_dir) / "logs"
+    log_dir = RunDir(Path(config.train.run_dir)).logs
     tasks = sorted(local_tasks, key=lambda t: (t[0] != "ps", t[1]))
     return run_node(config.cluster, tasks, env, log_dir)

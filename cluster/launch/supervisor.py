@@ -15,9 +15,9 @@ from typing import BinaryIO
 
 from cluster.errors import disk_full_path
 from cluster.launch.console import ConsoleFilter
-from cluster.launch.lifetime import PARENT_ENV
 from cluster.plan import TaskPlan
 from cluster.task import TaskId
+from cluster.taskenv import TaskEnv
 
 
 @dataclass
@@ -46,8 +46,8 @@ class Supervisor:
         """Start a task; its output goes to logs/<type>-<index>.log (and to `echo` if given)."""
         log_path = self.log_dir / f"{plan.task.log_name}.log"
         log_file = open(log_path, "ab")
-        # The task arms "die with parent" itself (cluster/launch/lifetime.py), so no task outlives us.
-        env = {**os.environ, **plan.env, **(extra_env or {}), PARENT_ENV: str(os.getpid())}
+        # The task arms "die with parent" itself (cluster/taskenv.py), so no task outlives us.
+        env = {**os.environ, **plan.env, **(extra_env or {}), **TaskEnv(parent_pid=os.getpid()).to_env()}
         process = subprocess.Popen(
             argv,
             env=env,

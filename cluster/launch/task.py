@@ -9,33 +9,43 @@ host at the same port.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from cluster.config import ConfigError, load_toml
-from cluster.control.agent import CONTROL_ENV
+from cluster.config import Config, ConfigError, load_toml
 from cluster.launch.launcher import launch, shared_control_env
 from cluster.plan import COMMON_ENV
+from cluster.taskenv import CONTROL_ENV, DEFAULT_CONTROL_PORT
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config, task_tf_config
 
-DEFAULT_CONTROL_PORT = 2229
+
+def pod_env(
+    raw: dict[str, Any], environ: Mapping[str, str], control_port: int = DEFAULT_CONTROL_PORT
+) -> tuple[Config, str, dict[str, str]]:
+    """(the pod's config, its task type, the environment a ps/worker pod serves with) from the pod
+    config `raw` and the injected TF_CONFIG in `environ`; the same environment `pstrain launch` hands it."""
+    spec, task_type, index = parse_tf_config(environ.get("TF_CONFIG"))
+    control = environ.get(CONTROL_ENV) or control_address(spec, control_port)
+    config = config_for_tf_config(raw, spec, control)
+    # every pod needs the shared token (none is generated) and TLS CA
+    env = {"TF_CONFIG": task_tf_config(spec, task_type, index), **shared_control_env(config)}
+    return config, task_type, env
 
 
 def run_task(config_path: str, control_port: int = DEFAULT_CONTROL_PORT) -> int:
     """Serve the role TF_CONFIG names; returns the exit code (the chief's, for the chief)."""
     raw = load_toml(config_path) if config_path else {}
-    spec, task_type, index = parse_tf_config(os.environ.get("TF_CONFIG"))
-    control = os.environ.get(CONTROL_ENV) or control_address(spec, control_port)
-    config = config_for_tf_config(raw, spec, control)
-    env = shared_control_env(config.cluster)  # every pod needs the shared token (none is generated) and TLS CA
+    config, task_type, env = pod_env(raw, os.environ, control_port)
     for name, value in COMMON_ENV.items():
         os.environ.setdefault(name, value)
     if task_type == "chief":
         if not config.train.run_dir:
             raise ConfigError(f"train.run_dir: {config_path or 'the config'} sets none; give the chief a run dir on its volume")
         Path(config.train.run_dir).mkdir(parents=True, exist_ok=True)
+        control = config.cluster.control
         return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}")
     from worker.server import serve
 
-    os.environ.update({"TF_CONFIG": task_tf_config(spec, task_type, index), **env})
-    os.environ.setdefault("PSTRAIN_REGISTER_TIMEOUT", str(config.train.startup_timeout))
+    os.environ.update(env)
     return serve()

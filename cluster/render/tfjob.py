@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import Config, ConfigError
-from cluster.launch.task import DEFAULT_CONTROL_PORT
 from cluster.plan import COMMON_ENV
 from cluster.render import pod_config_toml
+from cluster.taskenv import DEFAULT_CONTROL_PORT, TOKEN_ENV
 
 TF_PORT = 2222  # the operator's default; its TF_CONFIG uses the container port named tfjob-port
 WORKDIR = "/pstrain"
@@ -64,7 +64,7 @@ def run_dir(options: TFJobOptions) -> str:
 
 def container(options: TFJobOptions, role: str) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
-        {"name": "PSTRAIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.secret, "key": "token"}}},
+        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": options.secret, "key": "token"}}},
         *({"name": k, "value": v} for k, v in COMMON_ENV.items()),
     ]
     if role != "Worker" or not options.worker_gpus:
