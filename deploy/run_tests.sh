@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
-# Lint and run the whole test suite (real processes, a real TF cluster on loopback).
-# Sets up .venv on first use; extra arguments go to pytest.
+# Lint, then the test suite tier by tier, cheapest first (docs/testing.md): pure, inprocess (TF servers in
+# the test process), cluster (real processes), netns (network namespaces). A failing tier ends the run, so
+# a broken import fails within the first minute. Sets up .venv on first use; extra arguments go to every
+# pytest run, except that given a -m of your own, one pytest run takes your arguments as they are.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 cd "$PSTRAIN_ROOT"
 ruff check .
 ruff format --check .
-exec python -m pytest tests "$@"
+for arg in "$@"; do
+  case "$arg" in -m | -m?* | --markexpr*) exec python -m pytest tests "$@" ;; esac
+done
+for tier in pure inprocess cluster netns; do
+  echo "pstrain: tests of tier $tier"
+  code=0
+  python -m pytest tests -m "$tier" "$@" || code=$?
+  if [ "$code" != 0 ] && [ "$code" != 5 ]; then  # 5: no test of this tier selected (e.g. by -k)
+    echo "pstrain: error: tests of tier $tier failed (exit $code); later tiers not run" >&2
+    exit "$code"
+  fi
+done

@@ -1,10 +1,43 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the tier guard: every test carries exactly one tier marker (pytest.ini)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 
 import pytest
+
+TIERS = ("pure", "inprocess", "cluster", "netns")  # cheapest first, as deploy/run_tests.sh runs them
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Refuse the session when a test has no tier marker, more than one, or one that its fixtures belie."""
+    wrong = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid} has {' and '.join(tiers) or 'no tier marker'}")
+        elif "in_process_cluster" in getattr(item, "fixturenames", ()) and tiers != ["inprocess"]:
+            wrong.append(f"{item.nodeid} uses in_process_cluster but is marked {tiers[0]}")
+    if wrong:
+        raise pytest.UsageError(
+            "each test needs exactly one tier marker of " + ", ".join(TIERS) + " (pytest.ini): " + "; ".join(wrong)
+        )
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_cheap_tiers(request, monkeypatch):
+    """A `pure` or `inprocess` test that starts a process fails, naming the tier it belongs to."""
+    tier = next((name for name in ("pure", "inprocess") if request.node.get_closest_marker(name)), None)
+    if tier is None:
+        return
+
+    def refuse(self, args, *rest, **kwargs):
+        raise AssertionError(f"a {tier} test started a process ({args!r}); mark it cluster")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
 
 _given: set[int] = set()  # every port _free_port returned in this session
 

@@ -13,6 +13,8 @@ import tensorflow as tf
 from chief.aggregator import SyncReplicasAggregator
 from chief.gradients import unique_rows
 
+pytestmark = pytest.mark.inprocess
+
 
 @pytest.fixture(scope="module")
 def coordinator(in_process_cluster):

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, run_pstrain
 
+pytestmark = pytest.mark.cluster
+
 
 def assert_one_line_error(result, startswith: str, code: int = 2) -> None:
     assert result.returncode == code, result.output
@@ -81,7 +83,6 @@ def job_line(text: str) -> str:
     return f"tests/jobs/broken.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
 
 
-@pytest.mark.cluster
 @pytest.mark.parametrize(
     "job, code, message, where",
     [
@@ -105,7 +106,6 @@ def test_bad_jobs_fail_cleanly_on_a_real_cluster(tmp_path, job, code, message, w
     assert_no_orphans(result)
 
 
-@pytest.mark.cluster
 @pytest.mark.parametrize(
     "job, code, message",
     [
@@ -123,7 +123,6 @@ def test_standalone_reports_the_same_errors(tmp_path, job, code, message):
         assert f"({job_line(ASSERT_LINE)} in call) at step 1; traceback in" in result.output
 
 
-@pytest.mark.cluster
 def test_a_stream_in_no_fixed_order_is_refused_before_training(tmp_path):
     args = ["train", "--standalone", "--job", "tests.jobs.broken:UnorderedRecords", "--run-dir", str(tmp_path / "r")]
     result = run_pstrain(args, timeout=120, env={"PSTRAIN_DATA_DIR": str(tmp_path / "data")})
@@ -142,7 +141,6 @@ def test_gpu_index_the_machine_does_not_have(tmp_path):
     assert not result.seen_pids
 
 
-@pytest.mark.cluster
 def test_unreachable_host_fails_listing_the_missing_task(tmp_path):
     # 10.251.9.9 is an address no namespace has: the launcher only waits for the task to register
     # (it never connects there), then fails naming it. The local tasks register within the timeout
@@ -154,7 +152,6 @@ def test_unreachable_host_fails_listing_the_missing_task(tmp_path):
     assert_no_orphans(result)
 
 
-@pytest.mark.cluster
 def test_run_dir_written_by_an_incompatible_config_is_left_alone(tmp_path):
     run_dir = tmp_path / "r"
     first = run_pstrain(["train", "--standalone", "--steps", "5", "--run-dir", str(run_dir)], timeout=120)

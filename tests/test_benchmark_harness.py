@@ -14,7 +14,7 @@ import pytest
 from tests.benchmarks.bench import PEERS
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+pytestmark = pytest.mark.cluster
 
 
 def test_benchmark_command_runs_every_peer(tmp_path):

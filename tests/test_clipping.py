@@ -65,7 +65,7 @@ def clipping_job(optimizer_fn) -> Job:
 TRAIN = TrainConfig(job="clipping", steps=3, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
 
 
-@pytest.mark.cluster  # a real TF cluster (in-process)
+@pytest.mark.inprocess
 @pytest.mark.parametrize("name", CLIPPED)
 def test_clipping_with_variables_sharded_over_two_ps_equals_standalone(in_process_cluster, name, tmp_path):
     cluster, local, _ = run_both(in_process_cluster, clipping_job(CLIPPED[name]), 3, TRAIN, tmp_path / "clipped")
@@ -102,6 +102,7 @@ def keras_and_pstrain(make_optimizer, grads):
     return results
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name", CLIPPED)
 def test_clipping_is_the_optimizers_own_on_whole_variables(name):
     """Dense gradients and row slices (each row once): pstrain's clipping, then the optimizer with its
@@ -121,6 +122,7 @@ def test_clipping_is_the_optimizers_own_on_whole_variables(name):
     assert max(np.abs(a - b).max() for a, b in zip(keras, plain, strict=True)) > 1e-3, "the clipping mattered"
 
 
+@pytest.mark.pure
 def test_clipvalue_under_loss_scaling_still_skips_an_overflowed_step():
     """Keras's LossScaleOptimizer checks the gradients before its inner optimizer clips them: an
     infinite gradient skips the step (and halves the scale); clipped first, it would be applied."""
@@ -150,7 +152,7 @@ REFUSED = {
 }
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 @pytest.mark.parametrize("name", REFUSED)
 def test_whole_variable_features_that_cannot_be_exact_are_refused(in_process_cluster, name, tmp_path):
     from chief.engines import ClusterEngine
@@ -171,6 +173,7 @@ def test_whole_variable_features_that_cannot_be_exact_are_refused(in_process_clu
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("setting", [{"clipnorm": 1.0}, {"clipvalue": 0.3}, {"global_clipnorm": 1.0}])
 def test_row_slices_with_repeated_rows_are_clipped_as_their_dense_sum(setting):
     """A step's mean joins the slots' rows, so a row two slots touched comes twice: it is clipped as

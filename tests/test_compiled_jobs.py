@@ -16,6 +16,7 @@ from tests.jobs import compiled
 from tests.test_bad_input import assert_one_line_error
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name", ["Compiled", "CompiledNewStyle", "Uncompiled"])
 def test_one_step_equals_model_fit_for_a_two_output_model(name):
     """Two slots' mean gradient (loss per output, loss weights, sample weights, an L2 regularizer,
@@ -48,6 +49,7 @@ def test_one_step_equals_model_fit_for_a_two_output_model(name):
     assert moved > 1e-3
 
 
+@pytest.mark.pure
 def test_each_build_gets_its_own_optimizer_and_metrics():
     job = load_job("tests.jobs.compiled:Compiled")
     first, second = job.optimizer_fn(), job.optimizer_fn()
@@ -68,6 +70,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name, message", REFUSED, ids=[name for name, _ in REFUSED])
 def test_a_piece_in_a_form_pstrain_does_not_take_is_named(name, message):
     with pytest.raises(JobError) as raised:
@@ -115,6 +118,7 @@ def test_compiled_two_output_job_on_two_ps_resumed_equals_standalone(tmp_path):
         assert done[key] == pytest.approx(standalone_done[key], abs=1e-4)
 
 
+@pytest.mark.pure
 def test_evaluation_of_a_compiled_job_is_model_evaluate():
     """eval_loss and the per-output metrics, read in batches of 20, as Keras's evaluate (batches of 1024) reports them."""
     from chief.eval_set import EvalSet

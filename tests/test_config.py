@@ -9,6 +9,8 @@ from cluster.plan import cluster_spec, plan_servers, plan_task
 from cluster.rundir import check_compatible
 from cluster.tfconfig import task_tf_config
 
+pytestmark = pytest.mark.pure
+
 
 def test_defaults_one_chief_one_ps_two_workers():
     config = resolve({})

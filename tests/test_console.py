@@ -9,6 +9,8 @@ import pytest
 from chief.metrics import Progress, format_eta
 from cluster.launch.console import ConsoleFilter, for_console
 
+pytestmark = pytest.mark.pure
+
 TF_NOISE = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "I0000 00:00:1796290312.612434   11692 port.cc:153] oneDNN custom operations are on. You may see slightly different",

@@ -32,6 +32,7 @@ class Clock:
         return self.now
 
 
+@pytest.mark.cluster  # runs protoc in a process
 def test_generated_code_matches_the_proto():
     for name, text in generated_files().items():
         assert (ROOT / "cluster" / "control" / "proto" / name).read_text() == text, (
@@ -39,6 +40,7 @@ def test_generated_code_matches_the_proto():
         )
 
 
+@pytest.mark.pure
 def test_status_round_trips_through_protobuf():
     registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5, total_steps=10, clock=Clock())
     registry.register(("worker", 1), "box", "h:4", 42, VERSIONS, ["CPU:0"])
@@ -47,6 +49,7 @@ def test_status_round_trips_through_protobuf():
     assert status_dict(wire) == status
 
 
+@pytest.mark.pure
 def test_version_skew_is_refused_with_the_reason():
     registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5)
     accepted, reason = registry.register(("worker", 0), "box", "h:3", 7, {**VERSIONS, "tensorflow": "2.20.0"}, [])
@@ -54,6 +57,7 @@ def test_version_skew_is_refused_with_the_reason():
     assert reason == "worker:0 runs tensorflow 2.20.0 (chief has 2.21.0); install the chief's versions on box"
 
 
+@pytest.mark.pure
 def test_duplicate_slot_is_refused_until_the_first_is_lost():
     clock = Clock()
     registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5, clock=clock)
@@ -64,6 +68,7 @@ def test_duplicate_slot_is_refused_until_the_first_is_lost():
     assert registry.register(("worker", 1), "b", "h:4", 2, VERSIONS, []) == (True, "")
 
 
+@pytest.mark.pure
 def test_unknown_slot_and_missing_tasks():
     registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5)
     accepted, reason = registry.register(("worker", 5), "a", "h:9", 1, VERSIONS, [])
@@ -76,6 +81,7 @@ def test_unknown_slot_and_missing_tasks():
     ]
 
 
+@pytest.mark.pure
 def test_silent_task_is_lost_and_chief_reports_progress():
     clock = Clock()
     registry = Registry(EXPECTED, VERSIONS, heartbeat_timeout=5, clock=clock)
@@ -100,6 +106,7 @@ def control_plane():
     server.stop(grace=0)
 
 
+@pytest.mark.pure
 def test_wrong_token_is_refused_and_changes_nothing(control_plane):
     address, registry, stops = control_plane
     for token in ("wrong-token", ""):
@@ -112,6 +119,7 @@ def test_wrong_token_is_refused_and_changes_nothing(control_plane):
     assert stops == ["test"]
 
 
+@pytest.mark.pure
 def test_registration_over_grpc_refuses_skew(control_plane):
     address, registry, _ = control_plane
     request = pb.RegisterRequest(

@@ -1,8 +1,11 @@
 """Data addressed by (step, slot): deterministic, disjoint within a step, covering each epoch."""
 
 import numpy as np
+import pytest
 
 from chief.data import slot_indices
+
+pytestmark = pytest.mark.pure
 
 
 def test_same_address_same_examples():

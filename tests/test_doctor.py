@@ -47,6 +47,7 @@ def levels(found: list[Check]) -> dict[str, str]:
 # --- the checks, over facts -------------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_cpu_wheel_on_a_gpu_machine_fails_and_the_cuda_wheel_passes():
     found = checks.tensorflow_wheel({"tensorflow-cpu": "2.21.0"}, {"is_cuda_build": "False"}, two_gpus())
     assert found[0].level == "FAIL" and "CPU-only build but this machine has 2 GPU(s)" in found[0].message
@@ -58,6 +59,7 @@ def test_cpu_wheel_on_a_gpu_machine_fails_and_the_cuda_wheel_passes():
     assert checks.tensorflow_wheel({}, {}, Smi(False))[0].level == "FAIL"
 
 
+@pytest.mark.pure
 def test_cuda_libraries_against_tensorflows_pins():
     good = {"nvidia-cuda-runtime-cu12": "12.5.82", "nvidia-cudnn-cu12": "9.3.0.75", "nvidia-nccl-cu12": "2.28.3"}
     ok = checks.cuda_libraries(PINS, good, CUDA_BUILD, two_gpus())
@@ -73,6 +75,7 @@ def test_cuda_libraries_against_tensorflows_pins():
     assert checks.cuda_libraries(PINS, {}, {"is_cuda_build": "False"}, Smi(False))[0].level == "OK"
 
 
+@pytest.mark.pure
 def test_driver_old_new_missing_and_broken():
     assert checks.cuda_major({}, PINS) == 12 and checks.cuda_major(CUDA_BUILD, []) == 12
     old = checks.driver(two_gpus(driver="470.82.01"), 12)[0]
@@ -83,6 +86,7 @@ def test_driver_old_new_missing_and_broken():
     assert broken.level == "FAIL" and "couldn't communicate" in broken.message
 
 
+@pytest.mark.pure
 def test_worker_gpus_exist_are_not_shared_and_the_probe_is_believed():
     probes = {
         "worker-0": Probe("0", ("/physical_device:GPU:0",), matmul_device="/job:localhost/replica:0/task:0/device:GPU:0"),
@@ -100,6 +104,7 @@ def test_worker_gpus_exist_are_not_shared_and_the_probe_is_believed():
     assert two.level == "FAIL" and "sees 2 GPUs" in two.message
 
 
+@pytest.mark.pure
 def test_memory_held_by_other_processes_warns():
     smi = Smi(True, "", two_gpus(used=(5, 70000)).gpus, (GpuProcess("GPU-1", 4242, "python", 69990),))
     found = checks.gpu_memory(smi)
@@ -108,6 +113,7 @@ def test_memory_held_by_other_processes_warns():
     assert checks.gpu_memory(two_gpus())[0].level == "OK"
 
 
+@pytest.mark.pure
 def test_network_environment_and_disk_checks():
     assert checks.ports({"ps-0": "", "worker-0": "auto"})[0].level == "OK"
     taken = checks.ports({"ps-0": "127.0.0.1:2222: cannot listen on 127.0.0.1:2222 (Address already in use)"})
@@ -125,6 +131,7 @@ def test_network_environment_and_disk_checks():
     assert (few.level, few.message) == ("WARN", "runs: 5.0 GiB free, less than 3 checkpoints of 2.0 GiB")
 
 
+@pytest.mark.pure
 def test_checkpoint_bytes_is_the_newest_checkpoints_size(tmp_path):
     """Found in a run dir, or in the run dirs inside the doctor's `runs`."""
     assert facts.checkpoint_bytes(tmp_path) == 0
@@ -144,6 +151,7 @@ def test_checkpoint_bytes_is_the_newest_checkpoints_size(tmp_path):
     assert sli.level == "INFO" and "no SLI or NVLink bridge" in sli.message
 
 
+@pytest.mark.pure
 def test_cluster_versions_clock_and_round_trip():
     mine = {"pstrain": "1.0", "tensorflow": "2.21.0", "python": "3.11.7"}
     tasks = [{"task": "chief:0", "state": "training", "versions": mine}, {"task": "worker:1", "state": "missing"}]
@@ -163,6 +171,7 @@ def test_cluster_versions_clock_and_round_trip():
     }
 
 
+@pytest.mark.pure
 def test_cluster_checks_against_a_real_control_plane():
     """--chief: the Status RPC of a real control-plane server (gRPC on loopback)."""
     listening, closed = socket.socket(), socket.socket()
@@ -238,6 +247,7 @@ def by_name(found: list[dict]) -> dict[str, dict]:
 GPU_LINES = [f"{i}, GPU-{i}, {H100}, 550.54.15, 81559, 1" for i in range(2)]
 
 
+@pytest.mark.cluster
 def test_two_gpus_with_the_cpu_wheel_fail_honestly(tmp_path):
     env = fake_nvidia_smi(tmp_path / "bin", GPU_LINES)
     code, found = doctor(tmp_path, env, "[cluster]\nworker_gpus = [0, 1]\n")
@@ -256,6 +266,7 @@ def test_two_gpus_with_the_cpu_wheel_fail_honestly(tmp_path):
     assert checks_["gpu.interconnect"]["level"] == "INFO" and checks_["gpu.memory"]["level"] == "OK"
 
 
+@pytest.mark.cluster
 def test_old_driver_busy_memory_shared_and_missing_gpu(tmp_path):
     gpus = [f"0, GPU-0, {H100}, 470.82.01, 81559, 3", f"1, GPU-1, {H100}, 470.82.01, 81559, 70000"]
     env = fake_nvidia_smi(tmp_path / "bin", gpus, apps=["GPU-1, 4242, python, 69990"])
@@ -271,6 +282,7 @@ def test_old_driver_busy_memory_shared_and_missing_gpu(tmp_path):
     assert len(shared) == 2 and all(c["level"] == "FAIL" for c in shared)
 
 
+@pytest.mark.cluster
 def test_no_gpu_a_taken_port_an_unreachable_host_and_a_stray_tf_config(tmp_path):
     env = fake_nvidia_smi(tmp_path / "bin", [], fail="No devices were found", code=6)
     env["TF_CONFIG"] = '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}'
@@ -295,6 +307,7 @@ def test_no_gpu_a_taken_port_an_unreachable_host_and_a_stray_tf_config(tmp_path)
     assert checks_["env.TF_CONFIG"]["level"] == "WARN" and checks_["run_dir"]["level"] == "OK"
 
 
+@pytest.mark.cluster
 def test_this_machine_text_output(tmp_path):
     """No nvidia-smi on PATH (this machine): one line per check, all fine, exit 0."""
     path = ":".join(p for p in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(p, "nvidia-smi")))
@@ -308,6 +321,7 @@ def test_this_machine_text_output(tmp_path):
     assert lines[-1].startswith("pstrain doctor: 0 FAIL") and "I0000" not in result.stdout + result.stderr
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("flag", ["--chief"])
 def test_doctor_against_a_chief_that_is_not_there(tmp_path, flag):
     with socket.socket() as s:
@@ -317,6 +331,7 @@ def test_doctor_against_a_chief_that_is_not_there(tmp_path, flag):
     assert code == 1 and by_name(found)["cluster"]["message"].startswith(f"no control plane answers at 127.0.0.1:{port}")
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("smi", ["absent", "no devices"])
 def test_gpu_check_script_without_a_gpu_says_so_in_one_line(tmp_path, smi):
     path = ":".join(p for p in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(p, "nvidia-smi")))

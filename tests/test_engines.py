@@ -58,7 +58,7 @@ def full_weights(engine, like: list[np.ndarray]) -> list[np.ndarray]:
     return [read_full([live[i] for i in group]).numpy() for group in groups]
 
 
-@pytest.mark.cluster  # a real TF cluster (in-process); about 5 s per case
+@pytest.mark.inprocess
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_sparse_tables_train_as_standalone_with_every_optimizer(in_process_cluster, name, tmp_path):
     job = dataclasses.replace(load_job("chief.jobs.recommender"), optimizer_fn=OPTIMIZERS[name])
@@ -73,7 +73,7 @@ def test_sparse_tables_train_as_standalone_with_every_optimizer(in_process_clust
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster, tmp_path):
     job = dataclasses.replace(load_job("chief.jobs.recommender"), model_fn=TABLES.model_fn, train_data=TABLES.train_data)
     train = TrainConfig(job="recommender", steps=6, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=3)
@@ -106,7 +106,7 @@ def frozen_table_data() -> tuple[np.ndarray, np.ndarray]:
     return ids, (ids % 2).astype(np.int32)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_batchnorm_after_a_sharded_frozen_table_trains_as_standalone(in_process_cluster, tmp_path):
     """The moving statistics are found among the engine's own variables, whose shards shift the positions."""
     job = Job(
@@ -130,7 +130,7 @@ def test_batchnorm_after_a_sharded_frozen_table_trains_as_standalone(in_process_
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_text_features_through_lookup_layers_train_as_standalone(in_process_cluster, tmp_path):
     """String columns (written as fixed-width .npy, decoded on the workers) through StringLookup,
     TextVectorization, IntegerLookup and Hashing: each worker uses its own copy of the tables. In one
@@ -146,6 +146,7 @@ def test_text_features_through_lookup_layers_train_as_standalone(in_process_clus
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.pure
 def test_lazy_adam_moves_only_touched_rows():
     """Stock Adam keeps moving a row its momentum remembers; LazyAdam moves only the rows in the gradient."""
     import tensorflow as tf
@@ -175,7 +176,7 @@ def masked_sqrt_data() -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal((256, 4)).astype(np.float32), rng.standard_normal((256, 1)).astype(np.float32)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 @pytest.mark.parametrize("mode", ["stop", "skip"])
 def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster, tmp_path, mode):
     job = Job(
@@ -206,7 +207,7 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster,
         assert np.all(np.isfinite(got))
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_blocks_of_any_length_give_the_same_model(in_process_cluster, tmp_path):
     """K = 1 (the chief on every step's path) and longer blocks train alike, with Dropout and BatchNorm."""
     job = load_job("tests.jobs.keras_models:Mixed")
@@ -221,7 +222,7 @@ def test_blocks_of_any_length_give_the_same_model(in_process_cluster, tmp_path):
             np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_an_interrupt_ends_the_block_at_a_step_boundary(in_process_cluster, tmp_path):
     """A stop asked while a block runs: the apply stops before its next update; the steps returned are
     the steps applied, and the global step says the same."""
@@ -242,7 +243,7 @@ def test_an_interrupt_ends_the_block_at_a_step_boundary(in_process_cluster, tmp_
     assert int(cluster.state.global_step.numpy()) == 1 + len(results)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_more_slots_than_workers_run_a_step_per_dispatch(in_process_cluster, tmp_path):
     """4 slots on 2 workers: a closure waiting at the gate would hold its worker while the slots it
     waits for are queued behind it, so such runs dispatch step by step, and still equal standalone."""
@@ -253,7 +254,7 @@ def test_more_slots_than_workers_run_a_step_per_dispatch(in_process_cluster, tmp
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_a_table_gathered_by_looked_up_ids_is_read_after_the_gate(in_process_cluster, tmp_path):
     """chief.jobs.digits_text in one block of 8 steps: its embedding is gathered by ids a StringLookup
     makes from the examples. TF ties an op to a control dependency only when none of its inputs was made

@@ -13,6 +13,8 @@ from chief.eval_set import EvalSet, eval_set
 from chief.export import evaluate
 from chief.jobs import Job, JobError
 
+pytestmark = pytest.mark.pure
+
 
 def model():
     tf_keras.utils.set_random_seed(3)

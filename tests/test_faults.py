@@ -20,7 +20,7 @@ import tensorflow as tf
 from chief.jobs import digits
 from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain, step_lines
 
-pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+pytestmark = pytest.mark.cluster
 
 STEPS = 150
 

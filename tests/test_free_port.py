@@ -12,6 +12,8 @@ import pytest
 from tests.helpers import ROOT
 from tests.netns import can_create_namespaces
 
+pytestmark = pytest.mark.netns
+
 WHY_NOT = can_create_namespaces()
 ASK_THREE = """
 import json

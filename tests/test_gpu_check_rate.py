@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cluster.doctor.gpu_check import examples_per_second
+
+pytestmark = pytest.mark.pure
 
 
 def test_eval_lines_between_steps_are_skipped(tmp_path):

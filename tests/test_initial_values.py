@@ -40,6 +40,7 @@ def recommender_job(**changes):
     return dataclasses.replace(job, **changes)
 
 
+@pytest.mark.pure
 def test_only_tf_keras_stateless_initializers_are_reproduced_on_the_ps():
     class Scaled(tf_keras.initializers.RandomUniform):  # a job's subclass may compute anything
         pass
@@ -57,6 +58,7 @@ def test_only_tf_keras_stateless_initializers_are_reproduced_on_the_ps():
     assert not reproducible_on_ps(lambda: tf.zeros((4, 2)))
 
 
+@pytest.mark.pure
 def test_each_shard_gets_its_rows_of_the_full_value():
     initializer = tf_keras.initializers.GlorotUniform(seed=3)  # fans from the full shape, not the shard's
     full = initializer((10, 4), dtype=tf.float32).numpy()
@@ -76,6 +78,7 @@ def test_each_shard_gets_its_rows_of_the_full_value():
     np.testing.assert_array_equal(whole.numpy(), full)
 
 
+@pytest.mark.pure
 def test_unfilled_build_calls_no_initializer():
     calls = []
 
@@ -90,7 +93,7 @@ def test_unfilled_build_calls_no_initializer():
     assert model.weights[0].numpy().sum() == 12
 
 
-@pytest.mark.cluster  # the in-process cluster; about 10 s
+@pytest.mark.inprocess
 def test_sharded_table_made_on_the_ps_starts_and_trains_as_standalone(in_process_cluster, tmp_path, caplog):
     job = recommender_job()
     train = TrainConfig(job="recommender", steps=4, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
@@ -115,7 +118,7 @@ def test_sharded_table_made_on_the_ps_starts_and_trains_as_standalone(in_process
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_tf_own_sharded_initialization_would_not_be_the_full_table(in_process_cluster):
     """Why full_rows_initializers exists: left to TF, a Keras initializer gives each shard values of
     its own (seed folded with the offset), not the full table's rows."""
@@ -140,7 +143,7 @@ def full_weights_of(model, like):
     return full_weights(Engine, like)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_an_initializer_pstrain_cannot_reproduce_is_computed_on_the_chief(in_process_cluster, tmp_path, caplog):
     """A plain function (here TF's stateful random op) for the large table: made on the chief, logged, still equal."""
 

@@ -19,12 +19,12 @@ import tf_keras
 from chief.jobs import Job, rows
 from chief.model_state import initial_weights
 from chief.randomness import stateless_random
-from chief.replica import Replica, replica_step
+from tests.conftest import _free_port
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.jobs import keras_models
 from tests.test_bad_input import assert_one_line_error
 
-pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+pytestmark = pytest.mark.cluster
 
 STEPS, BATCH = 20, 32
 COMMON = ["--steps", str(STEPS), "--global-batch-size", str(BATCH)]
@@ -192,40 +192,6 @@ def test_backup_workers_with_batchnorm_apply_one_update_per_step(tmp_path):
     assert bn.moving_mean.numpy()[0] == pytest.approx(1 - momentum**STEPS, rel=1e-5)
 
 
-@pytest.mark.parametrize(
-    "loss",
-    [
-        tf_keras.losses.mean_squared_error,
-        tf_keras.losses.MeanSquaredError(),
-        tf_keras.losses.MeanSquaredError(reduction=tf_keras.losses.Reduction.SUM),
-    ],
-    ids=["per-example-function", "loss-object", "loss-object-sum"],
-)
-def test_loss_reduction_matches_keras_fit(loss):
-    """Two slots' mean gradient (with sample weights and an L2 regularizer) = one step of Keras's fit."""
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(16, 2)).astype(np.float32)
-    w = rng.uniform(0.5, 2.0, size=16).astype(np.float32)
-
-    def model_fn():
-        tf_keras.utils.set_random_seed(1)
-        return tf_keras.Sequential(
-            [tf_keras.Input((3,)), tf_keras.layers.Dense(2, kernel_regularizer=tf_keras.regularizers.l2(0.1))]
-        )
-
-    keras_model = model_fn()
-    keras_model.compile(loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
-    keras_model.fit(x, y, sample_weight=w, batch_size=16, epochs=1, shuffle=False, verbose=0)
-
-    model, optimizer = model_fn(), tf_keras.optimizers.legacy.SGD(0.1)
-    job = Job("t", model_fn, loss, lambda: optimizer, lambda: (x, y, w), None)
-    replica = Replica(job, model, optimizer, (), seed=0, num_slots=2)
-    grads = [replica_step(replica, rows((x, y, w), slice(8 * k, 8 * k + 8)), tf.constant(0, tf.int64), k)[1] for k in range(2)]
-    optimizer.apply_gradients(zip([(a + b) / 2 for a, b in zip(*grads, strict=True)], model.trainable_variables, strict=True))
-    for ours, theirs in zip(model.get_weights(), keras_model.get_weights(), strict=True):
-        np.testing.assert_allclose(ours, theirs, atol=1e-6)
-
-
 REFUSALS = [
     ("WrongLossShape", "loss_fn returned a loss of shape [10] for a batch of 32"),
     ("LabelsMismatch", "loss_fn: the labels {'digit': [32], 'parity': [32]} do not match the model's outputs [32, 10]"),
@@ -250,18 +216,6 @@ def test_contract_refusal_on_the_cluster(tmp_path):
     assert_no_orphans(result)
 
 
-def free_ports(n: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
     """Kubeflow-style: every task's TF_CONFIG lists an `evaluator`; ps and workers run `pstrain server`, the
     evaluator task too (it follows the run's checkpoints). The chief does not wait for the evaluator."""
@@ -269,7 +223,7 @@ def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
     from cluster.rundir import describe, prepare
 
     run_dir = tmp_path / "run"
-    chief, ps, w0, w1, evaluator = (f"127.0.0.1:{p}" for p in free_ports(5))
+    chief, ps, w0, w1, evaluator = (f"127.0.0.1:{_free_port()}" for _ in range(5))
     cluster = {"chief": [chief], "ps": [ps], "worker": [w0, w1], "evaluator": [evaluator]}
     train_config = TrainConfig(
         job=MIXED,

@@ -13,7 +13,7 @@ import pytest
 from chief.jobs import digits
 from tests.helpers import ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 
-pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+pytestmark = pytest.mark.cluster
 
 STEPS = 300  # the default job's default: enough for >= 95 % held-out accuracy
 

@@ -9,6 +9,8 @@ import pytest
 from chief.plots import gradient_series, load_records, loss_series, phase_series, throughput_series, y_limit
 from cluster.errors import ConfigError
 
+pytestmark = pytest.mark.pure
+
 
 def record(step, seconds=0.1, workers=(0, 1), timing=None):
     out = {"step": step, "loss": 1.0 / (step + 1), "aggregated": 2, "workers": list(workers), "seconds": seconds}

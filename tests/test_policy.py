@@ -13,6 +13,8 @@ from cluster.rundir import checkpoint_step
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize(
     "restarts, max_restarts, expected",

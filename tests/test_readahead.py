@@ -10,9 +10,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from chief.readahead import ReadAhead, request_tag, schedule_order
+
+pytestmark = pytest.mark.pure
 
 
 def test_slots_are_scheduled_in_the_order_the_previous_step_finished():

@@ -20,6 +20,8 @@ import pytest
 from tests.helpers import ROOT, Result, alive, assert_no_orphans, metrics, run_pstrain
 from tests.test_tensorboard import read_scalars
 
+pytestmark = pytest.mark.cluster
+
 STEPS = 20
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]", re.M)  # absl/glog prefix
 
@@ -70,7 +72,6 @@ def short_run(tmp_path_factory):
     return run_dir, result
 
 
-@pytest.mark.cluster
 def test_console_shows_pstrain_only_and_logs_keep_tensorflow_output(short_run):
     run_dir, result = short_run
     console = result.output
@@ -88,7 +89,6 @@ def test_console_shows_pstrain_only_and_logs_keep_tensorflow_output(short_run):
     assert bars[-1].startswith("[" + "#" * 30 + "] step 20/20") and "pstrain: done" in console
 
 
-@pytest.mark.cluster
 def test_tensorboard_events_of_a_cluster_run(short_run):
     run_dir, _ = short_run
     steps, done = metrics(run_dir)
@@ -112,7 +112,6 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.cluster
 def test_plot_command_writes_the_pngs_of_a_run(short_run):
     import matplotlib.image
 
@@ -139,7 +138,6 @@ def test_plot_of_a_missing_run_is_one_line(tmp_path):
     )
 
 
-@pytest.mark.cluster
 def test_gpu_check_reads_where_each_worker_computed(short_run, tmp_path):
     """The placement log of a real run: on this CPU-only machine every worker computed on its CPU,
     and deploy/gpu_check.sh's report says so (and fails) rather than claim a GPU. Its throughput line

@@ -20,6 +20,7 @@ from tests.test_bad_input import assert_one_line_error
 HOLDER = Holder("node-a", 1234, 1_800_000_000.25, "pstrain launch", "10.0.0.1:2229")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "host, running_since, stale",
     [
@@ -34,6 +35,7 @@ def test_is_stale(host, running_since, stale):
     assert is_stale(HOLDER, host, running_since) is stale
 
 
+@pytest.mark.pure
 def test_refusal_names_the_holder_and_how_to_stop_it():
     since = time.strftime("%H:%M:%S", time.localtime(HOLDER.create_time))
     assert refusal(Path("runs/x"), HOLDER) == (
@@ -55,6 +57,7 @@ def hold(run_dir: Path) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("command", [["launch"], ["train", "--standalone"]], ids=["launch", "standalone"])
 def test_second_run_on_a_held_run_dir_is_refused_and_touches_nothing(tmp_path, command):
     run_dir = tmp_path / "run"
@@ -72,6 +75,7 @@ def test_second_run_on_a_held_run_dir_is_refused_and_touches_nothing(tmp_path, c
     assert not result.seen_pids, "no task started"
 
 
+@pytest.mark.cluster
 def test_a_dead_holders_lock_is_taken_over_saying_so(tmp_path):
     run_dir = tmp_path / "run"
     holder = hold(run_dir)
@@ -90,6 +94,7 @@ def test_a_dead_holders_lock_is_taken_over_saying_so(tmp_path):
     assert not (run_dir / LOCK_NAME).exists(), "released at exit"
 
 
+@pytest.mark.pure
 def test_a_lock_recorded_by_another_machine_is_believed(tmp_path):
     """On a network file system another machine's flock may not be seen here: its record is enough."""
     (tmp_path / LOCK_NAME).write_text('{"host": "elsewhere", "pid": 7, "create_time": 1.0, "command": "pstrain launch"}')

@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from chief.sharding import copy_rows, read_full, shard_groups
 
+pytestmark = pytest.mark.pure
+
 
 def test_whole_variables_match_one_to_one():
     assert shard_groups([(3, 4), (4,), ()], [(3, 4), (4,), ()]) == [range(0, 1), range(1, 2), range(2, 3)]

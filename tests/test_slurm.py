@@ -26,6 +26,7 @@ from tests.helpers import Result, alive, assert_no_orphans, descendant_pids, met
 from tests.netns import can_create_namespaces, lan
 
 
+@pytest.mark.pure
 def test_hostlists_keep_slurms_order_and_zero_padding():
     assert expand_hostlist("node[9-10]") == ["node9", "node10"]  # not sorted as text
     assert expand_hostlist("gpu[01-03,07]") == ["gpu01", "gpu02", "gpu03", "gpu07"]
@@ -43,6 +44,7 @@ def test_hostlists_keep_slurms_order_and_zero_padding():
     assert expand_tasks_per_node("1") == [1]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -78,6 +80,7 @@ def env_for(node_id: int, nodelist: str = "node[9-10]", count: int = 2, **extra:
     }
 
 
+@pytest.mark.pure
 def test_each_node_derives_its_tasks_the_chief_on_the_first_node():
     cluster = resolve({"cluster": {"ps": 1, "workers": 2}}).cluster
     first = slurm_node(env_for(0), cluster)
@@ -91,6 +94,7 @@ def test_each_node_derives_its_tasks_the_chief_on_the_first_node():
     assert second.cluster.worker_gpus == (None, 0), "CUDA_VISIBLE_DEVICES as Slurm set it for this step wins"
 
 
+@pytest.mark.pure
 def test_gpus_come_from_what_slurm_assigned():
     cluster = resolve({"cluster": {"ps": 2, "workers": 4}}).cluster
     node = slurm_node(env_for(1, "gpu[01-02]", SLURM_JOB_GPUS="4,6"), cluster)
@@ -102,6 +106,7 @@ def test_gpus_come_from_what_slurm_assigned():
         slurm_node(env_for(0, "gpu[01-02]", SLURM_JOB_GPUS="4"), cluster)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "env, message",
     [
@@ -118,11 +123,13 @@ def test_inconsistent_slurm_variables_are_refused(env, message):
         slurm_node(env, resolve({}).cluster)
 
 
+@pytest.mark.pure
 def test_ports_must_fit():
     with pytest.raises(ConfigError, match="--port-base: 65533 puts the ports at 65533-65537; give a base from 1024 to 65531"):
         slurm_node(env_for(0), resolve({}).cluster, port_base=65533)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "tls, ca",
     [
@@ -145,6 +152,7 @@ def test_a_second_nodes_tasks_get_the_token_and_tls_ca_of_the_control_plane(tmp_
     }
 
 
+@pytest.mark.cluster
 def test_rendered_sbatch_script(tmp_path):
     config = tmp_path / "cluster.toml"
     config.write_text('[cluster]\nps = 1\nworkers = 4\n\n[train]\nrun_dir = "/shared/runs/digits"\n')
@@ -194,8 +202,8 @@ def srun_command(script: str) -> list[str]:
     return shlex.split(line[len(SRUN) :].rstrip(" &"))
 
 
+@pytest.mark.netns
 @pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
-@pytest.mark.cluster
 def test_slurm_end_to_end_on_two_namespaces(tmp_path):
     config = tmp_path / "cluster.toml"
     run_dir = tmp_path / "run"
@@ -352,8 +360,8 @@ def job_state(env: dict, job: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
 
-@pytest.mark.skipif(bool(why_no_slurm()), reason=f"no Slurm here: {why_no_slurm()}")
 @pytest.mark.cluster
+@pytest.mark.skipif(bool(why_no_slurm()), reason=f"no Slurm here: {why_no_slurm()}")
 def test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes(tmp_path, slurm):
     run_dir = tmp_path / "run"
     config = tmp_path / "cluster.toml"

@@ -11,6 +11,8 @@ from chief.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
 from cluster.config import ConfigError, TrainConfig
 from cluster.rundir import check_compatible
 
+pytestmark = pytest.mark.pure
+
 
 def worker_read(source, indices):
     """What a closure does, minus the cluster: build on 'the worker' with TF ops, then read positions."""

@@ -36,6 +36,7 @@ def read(source: StreamSource, first_step: int, count: int) -> list[tuple[list[i
     return out
 
 
+@pytest.mark.pure
 def test_epochs_drop_the_partial_batch_and_steps_run_on_across_them(tmp_path):
     source = stream(tmp_path)
     got = read(source, 0, 8)
@@ -50,6 +51,7 @@ def test_epochs_drop_the_partial_batch_and_steps_run_on_across_them(tmp_path):
     assert read(stream(), 5, 4) == continued
 
 
+@pytest.mark.pure
 def test_a_pipeline_that_repeats_itself_is_one_endless_epoch():
     source = StreamSource(lambda: filtered().repeat(), "train_dataset()", None, slot_batch=4, slots=2)
     got = read(source, 0, 6)
@@ -59,6 +61,7 @@ def test_a_pipeline_that_repeats_itself_is_one_endless_epoch():
     assert source.batches_per_epoch is None and source.epoch_of(100) == 0
 
 
+@pytest.mark.pure
 def test_epochs_of_different_lengths_stop_the_run():
     source = stream()
     source.observe([[3, 1, 0]])
@@ -66,6 +69,7 @@ def test_epochs_of_different_lengths_stop_the_run():
         source.observe([[7, 2, 0]])
 
 
+@pytest.mark.pure
 def test_an_order_that_is_not_fixed_and_a_pipeline_shorter_than_a_batch_are_refused():
     unseeded = tf.data.Dataset.range(100).shuffle(100).map(lambda i: (i, i))
     with pytest.raises(JobError, match="two builds of the pipeline gave different first examples; its order must be fixed"):
@@ -82,6 +86,7 @@ class FilteredJob:
     train_dataset = staticmethod(filtered)
 
 
+@pytest.mark.pure
 def test_a_filtered_train_dataset_is_a_stream_and_the_evaluator_reads_its_first_examples(tmp_path):
     job = load_job("tests.test_streams:FilteredJob")
     train = TrainConfig(job="x", global_batch_size=8, replicas_to_aggregate=2)
@@ -90,7 +95,7 @@ def test_a_filtered_train_dataset_is_a_stream_and_the_evaluator_reads_its_first_
     assert labels.numpy().tolist() == KEPT[:6]
 
 
-@pytest.mark.cluster  # a real TF cluster (in-process)
+@pytest.mark.inprocess
 def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cluster):
     """Closures for batches 7, 6, ..., 0: every worker is soon past the batch asked for and reads it from
     a fresh pipeline; each gets exactly the batch the standalone stream has at that position."""
@@ -118,6 +123,7 @@ def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cl
     assert sum(bool(r.fetch()[2]) for r in results) >= len(order) - 2
 
 
+@pytest.mark.pure
 def test_a_worker_whose_stream_differs_is_named_in_one_line():
     """The message of the closure's failed check (tf.debugging.Assert's format) as the chief explains it."""
     from chief.sources import MISMATCH_TAG, explain_worker_error
@@ -145,7 +151,7 @@ def engines(resolver, run_dir, **train):
     return cluster, local
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_a_stream_trains_on_the_in_process_cluster_as_standalone_across_epoch_ends(in_process_cluster, tmp_path):
     """9 batches an epoch and 2 slots: steps 4 and 8 hold batches of two epochs."""
     for sub in ("cluster", "local"):
@@ -160,7 +166,7 @@ def test_a_stream_trains_on_the_in_process_cluster_as_standalone_across_epoch_en
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-@pytest.mark.cluster
+@pytest.mark.inprocess
 def test_a_stream_with_a_backup_slot_reads_every_batch_forward(in_process_cluster, tmp_path):
     """3 slots on 2 workers, 2 aggregated: every step applies 2, 3 batches a step are taken from the
     stream (the dropped slot's skipped), and a worker that runs two closures of a step reads both forward."""

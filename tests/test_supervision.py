@@ -19,6 +19,8 @@ from cluster.plan import plan_task
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 
+pytestmark = pytest.mark.cluster
+
 
 def test_a_stop_during_a_restart_back_off_reaches_the_chief_at_once(tmp_path):
     """A worker has crashed for the 4th time (back-off 8 s); SIGTERM half a second into the back-off

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from chief.metrics import MetricsLog
 from chief.tensorboard import eval_scalars, train_scalars
+
+pytestmark = pytest.mark.pure
 
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -72,6 +72,7 @@ def tfjob_of(documents: list[dict]) -> dict:
 # 1. The CRD schema, strictly, and the webhook's rules.
 
 
+@pytest.mark.cluster
 def test_rendered_tfjob_satisfies_the_crd_schema_with_unknown_fields_refused(manifest):
     tfjob = tfjob_of(manifest)
     schema = operator.strict(operator.crd_schema())
@@ -93,6 +94,7 @@ def test_rendered_tfjob_satisfies_the_crd_schema_with_unknown_fields_refused(man
     assert {"name": "runs", "persistentVolumeClaim": {"claimName": "demo-runs"}} in volumes
 
 
+@pytest.mark.cluster
 def test_the_strict_schema_and_the_webhook_rules_do_refuse(manifest):
     schema = operator.strict(operator.crd_schema())
     tfjob = json.loads(json.dumps(tfjob_of(manifest)))  # a copy: the fixture is shared
@@ -118,6 +120,7 @@ def test_the_strict_schema_and_the_webhook_rules_do_refuse(manifest):
         assert expected in errors
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "options, message",
     [
@@ -133,6 +136,7 @@ def test_render_refuses_what_the_api_server_or_pstrain_would(options, message):
         render_tfjob(resolve({}), options)
 
 
+@pytest.mark.cluster
 def test_render_errors_reach_the_console_in_one_line(tmp_path):
     (tmp_path / "c.toml").write_text("[cluster]\nworkers = 2\n")
     result = run_pstrain(["render", "tfjob", "--config", str(tmp_path / "c.toml"), "--image", "i", "--name", "x_y"], timeout=120)
@@ -145,6 +149,7 @@ def test_render_errors_reach_the_console_in_one_line(tmp_path):
 # 2. The operator's TF_CONFIG and Service names, as pstrain reads them.
 
 
+@pytest.mark.cluster
 def test_operator_tf_config_for_each_pod_names_its_role_and_the_services(manifest):
     tfjob = tfjob_of(manifest)
     assert operator.tf_config(tfjob, "Worker", 1) == (
@@ -170,6 +175,7 @@ def test_operator_tf_config_for_each_pod_names_its_role_and_the_services(manifes
             assert control == "demo-chief-0.ml.svc:2229" and services["demo-chief-0"]["pstrain-control"] == 2229
 
 
+@pytest.mark.pure
 def test_tf_config_translation_aliases_and_errors():
     base = {"cluster": {"master": ["m:1"], "ps": ["p:1"], "worker": ["w:1"], "evaluator": ["e:1"]}, "environment": "cloud"}
     spec, task_type, index = parse_tf_config(json.dumps({**base, "task": {"type": "master", "index": 0}}))
@@ -189,6 +195,7 @@ def test_tf_config_translation_aliases_and_errors():
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.pure
 def test_a_pods_task_gets_the_token_and_tls_ca_of_the_control_plane(tmp_path):
     (tmp_path / "token").write_text("s3cret\n")
     tls = {"tls_cert": "/pki/chief.pem", "tls_key": "/pki/chief.key", "tls_ca": "/pki/ca.pem"}
@@ -204,6 +211,7 @@ def test_a_pods_task_gets_the_token_and_tls_ca_of_the_control_plane(tmp_path):
     }
 
 
+@pytest.mark.cluster
 def test_task_without_token_fails_in_one_line(tmp_path):
     env = {"TF_CONFIG": operator.tf_config(tfjob_of(render(tmp_path)), "Worker", 0), "PSTRAIN_TOKEN": ""}
     result = run_pstrain(["task", "--control-port", "2229"], env=env, timeout=120)
@@ -213,6 +221,7 @@ def test_task_without_token_fails_in_one_line(tmp_path):
     ]
 
 
+@pytest.mark.cluster
 def test_tasks_register_again_with_a_restarted_chief():
     """A chief pod restarted by OnFailure serves a new, empty control plane at the same address:
     the ps and worker pods learn from its heartbeat replies that it does not know them, and join it."""
@@ -325,8 +334,8 @@ class Kubelet:
         return (self.tmp_path / f"{pod}.out").read_text()
 
 
+@pytest.mark.netns
 @pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")
-@pytest.mark.cluster
 def test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart(tmp_path):
     """The rendered pods train to the standalone model; the chief pod is killed once mid-run (as
     a node failure would) and restarted as OnFailure does: it resumes from its checkpoint on the

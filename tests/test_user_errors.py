@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from cluster.errors import EXIT_USAGE, error_text, failed_worker, user_error
 
+pytestmark = pytest.mark.pure
+
 JOB = """
 import tensorflow as tf
 

@@ -20,7 +20,7 @@ from chief.jobs import digits
 from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain, step_lines, task_pid
 from tests.jobs.data_jobs import FILE_INPUTS, write_example_files
 
-pytestmark = pytest.mark.cluster  # starts real processes (not in the fast tier)
+pytestmark = pytest.mark.cluster
 
 STEPS = 30  # digits: enough to move the model far from its start, short enough for CI
 

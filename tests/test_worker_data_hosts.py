@@ -24,7 +24,7 @@ from tests.netns import can_create_namespaces, two_hosts
 
 WHY_NOT = can_create_namespaces()
 pytestmark = [
-    pytest.mark.cluster,
+    pytest.mark.netns,
     pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}"),
 ]
 
