@@ -65,12 +65,19 @@ def test_port_already_in_use(tmp_path):
     [
         ("{not json", "TF_CONFIG is invalid"),
         (json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}), "missing from"),
+        (
+            json.dumps({"cluster": {"evaluator": ["127.0.0.1:1"]}, "task": {"type": "evaluator", "index": 0}}),
+            "pstrain server: TF_CONFIG task type 'evaluator' evaluates a run's checkpoints; give it the run directory",
+        ),
     ],
 )
 def test_server_with_invalid_tf_config(tf_config, message):
-    env = {**os.environ, "TF_CONFIG": tf_config}
-    result = subprocess.run(PSTRAIN + ["server"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
+    env = {k: v for k, v in os.environ.items() if k != "PSTRAIN_RUN_DIR"}
+    result = subprocess.run(
+        PSTRAIN + ["server"], cwd=ROOT, env={**env, "TF_CONFIG": tf_config}, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("pstrain: error: ") and len(result.stderr.splitlines()) == 1, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
