@@ -6,7 +6,7 @@ chief then takes the chosen slots' gradients, averages them and applies them onc
 nothing proportional to the model passes through the chief. One accumulator per variable (as in
 TF1's SyncReplicasOptimizer) lets a worker push each gradient as soon as backprop produced it,
 overlapping the transfer with the rest of the backward pass; pushing one flat vector per ps was
-measured 13 % slower per step at 10 M parameters (README, Benchmarks).
+measured 13 % slower per step at 10 M parameters (docs/design.md).
 
 A slot's accumulator averages what it holds, so a closure that ClusterCoordinator re-ran (at least
 once semantics) pushes the same gradient twice and the slot still yields that gradient once.

@@ -1,6 +1,6 @@
 """The benchmark command runs every peer end to end (a smoke run: tiny model, few steps).
 
-Nothing here asserts a speed: figures come from the full benchmark, run by hand (README).
+Nothing here asserts a speed: figures come from the full benchmark, run by hand (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Two machines for real: two network namespaces joined by a veth pair, one host each.
 
 Host A runs `pstrain launch` (chief, ps, worker 0); host B runs `pstrain node --chief A:PORT`
-(worker 1), exactly the README's "Two machines" recipe. Then the link between them is cut.
+(worker 1), exactly the recipe of docs/two-machines.md. Then the link between them is cut.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each 8x8 image becomes 8 words, one per pixel row, each pixel a character by its ink ("." blank,
 "+" grey, "#" dark): a digit is a sentence like "..##.... .#..#... ...". `train_data()` returns them
 as a NumPy string array; pstrain writes it as a fixed-width `.npy` file that the workers memory-map
-and decode in-graph (README, "Data on the workers"). The model maps each word to an id with a
+and decode in-graph (docs/data.md). The model maps each word to an id with a
 `StringLookup` of a given vocabulary (every row word seen at least twice in the training images;
 others are out-of-vocabulary), embeds it and classifies; each worker gets its own copy of the lookup
 table, and the exported SavedModel takes the strings: `serve(rows=tf.constant([[b"..##....", ...]]))`.

@@ -3,7 +3,7 @@
 The template for real embedding workloads: a user id and an item id, each looked up in its own
 table, a few categorical features with small tables, an MLP on top, two logits (no click, click).
 Each step touches a few hundred rows of each table, so only those rows cross the network and are
-updated (README, Embeddings). Data is synthetic and shipped as code: ids follow a power law (a few
+updated (docs/embeddings.md). Data is synthetic and shipped as code: ids follow a power law (a few
 users and items are very frequent, most are rare, as in real logs), and the click depends on a hidden
 user-item affinity plus the categorical features, so there is something to learn.
 
@@ -47,7 +47,7 @@ class Recommender:
         return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True))
 
     def optimizer_fn(self):
-        # Adagrad updates only the rows in a sparse gradient (README, Embeddings: optimizers).
+        # Adagrad updates only the rows in a sparse gradient (docs/embeddings.md: optimizers).
         return tf_keras.optimizers.legacy.Adagrad(learning_rate=0.1)
 
     def train_data(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
