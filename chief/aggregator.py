@@ -85,19 +85,6 @@ class SyncReplicasAggregator:
         with tf.control_dependencies(started):
             return tf.constant(0)
 
-    def push_any(self, slot: tf.Tensor, step: tf.Tensor, grads: list) -> tf.Tensor:
-        """`push` for a slot given as a tensor (one traced closure serves every slot); returns a value
-        that the closure's result must depend on."""
-
-        def branch(k: int):
-            def fn():
-                with tf.control_dependencies(self.push(k, step, grads)):
-                    return tf.constant(k, tf.int32)
-
-            return fn
-
-        return tf.switch_case(tf.cast(slot, tf.int32), [branch(k) for k in range(self.total_slots)])
-
     def push(self, slot: int, step: tf.Tensor, grads: list) -> list[tf.Operation]:
         """Worker side (inside a traced closure): hand this slot's gradients to the ps.
 

@@ -347,7 +347,7 @@ class ClusterEngine:
                     # fails is never applied and the error names that step.
                     stateful = [op for op in graph.get_operations()[made:] if op._is_stateful]
                     with tf.control_dependencies(stateful):
-                        pushes = [aggregator.push_any(slot, step, [loss, *grads, *deltas])]
+                        pushes = aggregator.push(slot, step, [loss, *grads, *deltas])
                     if backups:  # the apply takes the first N slots to arrive
                         pushes = [aggregator.arrive(slot, step, worker, pushes)]
                     with tf.control_dependencies(pushes):
@@ -479,12 +479,13 @@ class ClusterEngine:
         for slot in order:
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
-            # The slot is a tensor too: one trace serves every slot.
+            # The slot is a Python int: a trace per slot pushes to its own accumulators directly (a
+            # switch_case over slots, one trace for all, cost about a fifth more per step: docs/benchmarks.md).
             if streams:
                 positions = tf.zeros([rows, t.slot_batch_size], tf.int64)
             else:
                 positions = tf.constant(np.stack([slot_positions(t, num, first + i, slot) for i in range(rows)]))
-            args = (self._iterator, first_t, count_t, tf.constant(slot, tf.int64), positions)
+            args = (self._iterator, first_t, count_t, slot, positions)
             remote = self.coordinator.schedule(self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
