@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.eval_set import EvalSet
-from chief.jobs import Job, JobError, tensor_dtype
+from chief.data.eval_set import EvalSet
+from chief.job import Job, JobError, tensor_dtype
 from cluster.errors import DiskFullError, writing
 
 
@@ -23,7 +23,7 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     The set is read `batch` examples at a time: memory does not grow with it. Each output's loss is
     combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM).
     """
-    from chief.losses import output_losses
+    from chief.step.losses import output_losses
 
     output_names = getattr(model, "output_names", None)
     metrics = metric_container(job, output_names)

@@ -8,7 +8,7 @@ same format for cluster and standalone runs, full-size whatever the sharding.
 
 The mirror is the one full copy of the state on the chief. It is made at the first save, restore or
 evaluation, unfilled (no initializer runs; its memory is taken as values are written), and values
-move between it and the ps in row chunks (chief/sharding.py `copy_rows`), so the chief never holds
+move between it and the ps in row chunks (chief/state/sharding.py `copy_rows`), so the chief never holds
 a second full-size value beside it. Evaluation and export use the mirror's model, not another copy.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import tensorflow as tf
 import tf_keras
 
-from chief.jobs import Job
-from chief.model_state import ModelState, mirror_state
-from chief.sharding import copy_rows, shard_groups
+from chief.job import Job
+from chief.state.model_state import ModelState, mirror_state
+from chief.state.sharding import copy_rows, shard_groups
 from cluster.errors import TrainingError, writing
 
 MAX_TO_KEEP = 3  # a damaged newest checkpoint still leaves at least two good ones to resume from
