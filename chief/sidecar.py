@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from chief.data.eval_set import eval_set
 from chief.data.sources import train_source
-from chief.export import evaluate
+from chief.evaluate import evaluate
 from chief.job import checked_arrays, load_job, rows
 from cluster.errors import TrainingError
 from cluster.rundir import RunDir

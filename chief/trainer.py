@@ -28,7 +28,8 @@ import tensorflow as tf
 
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.sources import explain_worker_error, train_source
-from chief.export import evaluate, export_saved_model
+from chief.evaluate import evaluate
+from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.state.checkpoints import Checkpoints, remove_partial_saves

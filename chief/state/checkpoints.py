@@ -75,7 +75,7 @@ def damaged_file(prefix: Path) -> Path:
     return data[0] if len(data) == 1 else prefix.with_name(prefix.name + ".data-*")
 
 
-def state_variables(state: ModelState) -> list[tf.Variable]:
+def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     """Everything a checkpoint holds, in an order both copies share. A new-style optimizer lists the
     slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
     optimizer = state.optimizer.variables
@@ -99,7 +99,7 @@ class Checkpoints:
         if self._mirror is not None:
             return self._mirror, False
         mirror = mirror_state(self.job, self.sample)
-        live_vars, mirror_vars = state_variables(self.live), state_variables(mirror)
+        live_vars, mirror_vars = checkpointed_variables(self.live), checkpointed_variables(mirror)
         try:  # a variable sharded across ps tasks is one full-size variable in the mirror
             groups = shard_groups([v.shape for v in live_vars], [v.shape for v in mirror_vars])
         except ValueError as e:

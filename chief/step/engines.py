@@ -30,7 +30,7 @@ from chief.step.aggregator import SyncReplicasAggregator
 from chief.step.clipping import apply_clipped
 from chief.step.gate import ABORT, StepGate
 from chief.step.gradients import all_finite, mean_of_slots, sparse_variables
-from chief.step.replica import Replica, inspect_job, replica_step, state_variables
+from chief.step.replica import Replica, assigned_state_variables, inspect_job, replica_step
 from cluster.config import TrainConfig
 from cluster.errors import user_error
 
@@ -59,7 +59,7 @@ def inspected_replica(job: Job, state, train: TrainConfig, source: Source, sampl
     variables found by tracing the model on `sample_features`, state variables by the inspection."""
     sparse = tuple(sparse_variables(state.model, sample_features))
     found = inspect_job(job, train, first_batch(source, train), state.model, sparse)  # refuses a job that breaks the contract
-    state_vars = state_variables(state.model, *found)
+    state_vars = assigned_state_variables(state.model, *found)
     return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate, sparse)
 
 

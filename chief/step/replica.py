@@ -76,7 +76,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     return loss, replica_gradients(grads, variables, sparse), deltas
 
 
-def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
+def assigned_state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
     """The model's non-trainable variables at `positions` (found by `inspect_job`, with their
     `shapes`); a state variable sharded across ps tasks is refused."""
     weights = model.non_trainable_weights
