@@ -26,14 +26,15 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from chief.checkpoints import Checkpoints, remove_partial_saves
-from chief.engines import ClusterEngine, Engine, LocalEngine, StepResult
-from chief.eval_set import EvalSet, eval_set
-from chief.export import evaluate, export_saved_model
-from chief.jobs import Job, job_file, load_job
+from chief.data.eval_set import EvalSet, eval_set
+from chief.data.sources import explain_worker_error, train_source
+from chief.evaluate import evaluate
+from chief.export import export_saved_model
+from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
-from chief.sharding import placement_summary
-from chief.sources import explain_worker_error, train_source
+from chief.state.checkpoints import Checkpoints, remove_partial_saves
+from chief.state.sharding import placement_summary
+from chief.step.engines import ClusterEngine, Engine, LocalEngine, StepResult
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import (
@@ -113,7 +114,7 @@ class TrainingRun:
     metrics: MetricsLog
     progress: Progress
     agent: Agent | None
-    eval_set: EvalSet  # read in batches from this machine's copy (chief/eval_set.py)
+    eval_set: EvalSet  # read in batches from this machine's copy (chief/data/eval_set.py)
     sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
     startup: StartupClock

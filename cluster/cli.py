@@ -285,10 +285,10 @@ def evaluator_run_dir(flag: str) -> Path | None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    """`pstrain evaluate RUN_DIR`: follow the run's checkpoints (chief/evaluation.py)."""
+    """`pstrain evaluate RUN_DIR`: follow the run's checkpoints (chief/sidecar.py)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.pop("TF_CONFIG", None)
-    from chief.evaluation import follow
+    from chief.sidecar import follow
 
     return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
 

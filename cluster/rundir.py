@@ -59,7 +59,7 @@ class RunDir:
 
     @property
     def evaluations(self) -> Path:
-        """eval.jsonl: the sidecar evaluator's line per checkpoint (chief/evaluation.py)."""
+        """eval.jsonl: the sidecar evaluator's line per checkpoint (chief/sidecar.py)."""
         return self.path / "eval.jsonl"
 
     @property

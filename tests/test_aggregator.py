@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.aggregator import SyncReplicasAggregator
-from chief.gradients import unique_rows
+from chief.step.aggregator import SyncReplicasAggregator
+from chief.step.gradients import unique_rows
 
 pytestmark = pytest.mark.inprocess
 

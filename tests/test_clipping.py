@@ -1,7 +1,7 @@
 """Gradient clipping as one process clips, with variables sharded over two ps.
 
-With 2+ ps a large variable is a list of shards (chief/sharding.py); Keras's own clipping would
-take each shard's norm. pstrain clips the step's mean gradient itself (chief/clipping.py), per
+With 2+ ps a large variable is a list of shards (chief/state/sharding.py); Keras's own clipping would
+take each shard's norm. pstrain clips the step's mean gradient itself (chief/step/clipping.py), per
 whole variable, so the cluster run equals the standalone run whatever the number of ps.
 """
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tf_keras
 
-from chief.clipping import SETTINGS, apply_clipped
-from chief.engines import LocalEngine
-from chief.jobs import Job
+from chief.job import Job
+from chief.step.clipping import SETTINGS, apply_clipped
+from chief.step.engines import LocalEngine
 from cluster.config import TrainConfig
 from tests.test_engines import engine_inputs, full_weights, run_both
 
@@ -155,8 +155,8 @@ REFUSED = {
 @pytest.mark.inprocess
 @pytest.mark.parametrize("name", REFUSED)
 def test_whole_variable_features_that_cannot_be_exact_are_refused(in_process_cluster, name, tmp_path):
-    from chief.engines import ClusterEngine
-    from chief.jobs import JobError
+    from chief.job import JobError
+    from chief.step.engines import ClusterEngine
 
     optimizer_fn, constraint, message = REFUSED[name]
 
@@ -180,7 +180,7 @@ def test_row_slices_with_repeated_rows_are_clipped_as_their_dense_sum(setting):
     the dense mean gradient is (the repeated rows summed first), whatever the slots' split."""
     import tensorflow as tf
 
-    from chief.clipping import Clipping, clip
+    from chief.step.clipping import Clipping, clip
 
     variable = tf.Variable(tf.zeros([4, 2]))
     rows = tf.IndexedSlices(tf.constant([[0.4, 0.2], [0.5, -0.3], [0.4, 0.6]]), tf.constant([2, 0, 2]), tf.constant([4, 2]))

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.clipping import apply_clipped
-from chief.jobs import JobError, load_job, rows
-from chief.replica import Replica, replica_step
+from chief.job import JobError, load_job, rows
+from chief.step.clipping import apply_clipped
+from chief.step.replica import Replica, replica_step
 from tests.helpers import assert_no_orphans, metrics, run_pstrain
 from tests.jobs import compiled
 from tests.test_bad_input import assert_one_line_error
@@ -121,8 +121,8 @@ def test_compiled_two_output_job_on_two_ps_resumed_equals_standalone(tmp_path):
 @pytest.mark.pure
 def test_evaluation_of_a_compiled_job_is_model_evaluate():
     """eval_loss and the per-output metrics, read in batches of 20, as Keras's evaluate (batches of 1024) reports them."""
-    from chief.eval_set import EvalSet
-    from chief.export import evaluate
+    from chief.data.eval_set import EvalSet
+    from chief.evaluate import evaluate
 
     job = load_job("tests.jobs.compiled:Compiled")
     x, y, _ = compiled.two_output_data(100, 2)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from chief.data import slot_indices
+from chief.data.positions import slot_indices
 
 pytestmark = pytest.mark.pure
 

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import tf_keras
 
-from chief.engines import ClusterEngine, LocalEngine
-from chief.jobs import Job, first_rows, load_job, recommender
+from chief.data.sources import train_source
+from chief.job import Job, first_rows, load_job
+from chief.jobs import recommender
 from chief.optimizers import LazyAdam
-from chief.sharding import read_full, shard_groups
-from chief.sources import train_source
+from chief.state.sharding import read_full, shard_groups
+from chief.step.engines import ClusterEngine, LocalEngine
 from cluster.config import TrainConfig
 
-TABLES = recommender.small  # its user table is sharded over both ps (chief/sharding.py)
+TABLES = recommender.small  # its user table is sharded over both ps (chief/state/sharding.py)
 
 OPTIMIZERS = {
     "legacy SGD momentum": lambda: tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9),
@@ -86,7 +87,7 @@ def test_backup_slots_with_sparse_tables_apply_exactly_n(in_process_cluster, tmp
     assert int(cluster.state.global_step.numpy()) == 6
 
 
-FROZEN_ROWS = 20_000  # a 20 000 x 8 float32 table (625 KiB) is split over both ps (chief/sharding.py)
+FROZEN_ROWS = 20_000  # a 20 000 x 8 float32 table (625 KiB) is split over both ps (chief/state/sharding.py)
 
 
 def frozen_table_then_batchnorm() -> tf_keras.Model:

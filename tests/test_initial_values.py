@@ -1,4 +1,4 @@
-"""Initial values made where the variables live (chief/initial_values.py), equal to the one-process build.
+"""Initial values made where the variables live (chief/state/initial_values.py), equal to the one-process build.
 
 The unit tests run locally; the cluster tests use the in-process cluster (2 workers, 2 ps) of
 conftest.py, where the recommender's user table is sharded over both ps.
@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.engines import ClusterEngine, LocalEngine
-from chief.initial_values import (
+from chief.job import load_job
+from chief.jobs import recommender
+from chief.state.initial_values import (
     RowsOnChief,
     fill_on_ps,
     full_rows_initializers,
@@ -25,9 +26,9 @@ from chief.initial_values import (
     unfilled,
     unfilled_initializers,
 )
-from chief.jobs import load_job, recommender
-from chief.model_state import initial_weights
-from chief.sharding import partitioner
+from chief.state.model_state import initial_weights
+from chief.state.sharding import partitioner
+from chief.step.engines import ClusterEngine, LocalEngine
 from cluster.config import TrainConfig
 from tests.test_engines import engine_inputs, full_weights
 

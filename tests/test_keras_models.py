@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.jobs import Job, rows
-from chief.model_state import initial_weights
-from chief.randomness import stateless_random
+from chief.job import Job, rows
+from chief.state.model_state import initial_weights
+from chief.step.randomness import stateless_random
 from tests.conftest import _free_port
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.jobs import keras_models

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.jobs import Job, rows
-from chief.replica import Replica, replica_step
+from chief.job import Job, rows
+from chief.step.replica import Replica, replica_step
 
 pytestmark = pytest.mark.pure
 

@@ -1,4 +1,4 @@
-"""Read-ahead of the next step's examples (chief/readahead.py): the protocol in one process.
+"""Read-ahead of the next step's examples (chief/data/readahead.py): the protocol in one process.
 
 The cluster runs that use it (train_dataset() jobs) are checked against the standalone run in
 tests/test_worker_data.py; here, without a cluster: a closure's put-then-take order never waits on
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.readahead import ReadAhead, request_tag, schedule_order
+from chief.data.readahead import ReadAhead, request_tag, schedule_order
 
 pytestmark = pytest.mark.pure
 

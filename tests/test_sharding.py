@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.sharding import copy_rows, read_full, shard_groups
+from chief.state.sharding import copy_rows, read_full, shard_groups
 
 pytestmark = pytest.mark.pure
 

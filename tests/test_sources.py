@@ -1,4 +1,4 @@
-"""Data sources (chief/sources.py) in one process: what a worker's TF ops read equals the local read."""
+"""Data sources (chief/data/sources.py) in one process: what a worker's TF ops read equals the local read."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.jobs import JobError, checked_arrays, load_job
-from chief.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
+from chief.data.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
+from chief.job import JobError, checked_arrays, load_job
 from cluster.config import ConfigError, TrainConfig
 from cluster.rundir import check_compatible
 
@@ -112,7 +112,7 @@ def test_dataset_source_reads_positions_and_only_random_access_datasets_qualify(
     (features, labels) = source.read_local(np.array([3, 9, 0]))
     np.testing.assert_array_equal(features["x"].numpy(), [3.0, 9.0, 0.0])
     np.testing.assert_array_equal(labels.numpy(), [6, 18, 0])
-    streams = [  # read as streams (chief/streams.py)
+    streams = [  # read as streams (chief/data/streams.py)
         tf.data.Dataset.range(10).filter(lambda i: i > 2),  # unknown size
         tf.data.Dataset.range(10).repeat(),  # infinite
         tf.data.Dataset.range(10).enumerate(),  # a known size, but `at` does not work on it

@@ -1,4 +1,4 @@
-"""A train_dataset() read as a stream (chief/streams.py): its order, epochs, resume and refusals in one
+"""A train_dataset() read as a stream (chief/data/streams.py): its order, epochs, resume and refusals in one
 process, and closures on a real (in-process) TF cluster that read each batch of the stream exactly."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.jobs import JobError, load_job
-from chief.sources import DataError, train_source
-from chief.streams import StreamSource
+from chief.data.sources import DataError, train_source
+from chief.data.streams import StreamSource
+from chief.job import JobError, load_job
 from cluster.config import TrainConfig
 
 KEPT = [i for i in range(20) if i % 4 != 3]  # 15 examples: 3 batches of 4 per epoch, 3 examples dropped
@@ -126,7 +126,7 @@ def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cl
 @pytest.mark.pure
 def test_a_worker_whose_stream_differs_is_named_in_one_line():
     """The message of the closure's failed check (tf.debugging.Assert's format) as the chief explains it."""
-    from chief.sources import MISMATCH_TAG, explain_worker_error
+    from chief.data.sources import MISMATCH_TAG, explain_worker_error
 
     message = f"assertion failed: [{MISMATCH_TAG}] [worker] [1] [cardinality] [-2] [-2] [digest] [5] [7]"
     error = explain_worker_error(tf.errors.InvalidArgumentError(None, None, message), ["h0:1", "h1:2"])
@@ -138,7 +138,7 @@ def test_a_worker_whose_stream_differs_is_named_in_one_line():
 
 def engines(resolver, run_dir, **train):
     """A ClusterEngine (in-process cluster) and a LocalEngine on `filtered_regression`, from step 0."""
-    from chief.engines import ClusterEngine, LocalEngine
+    from chief.step.engines import ClusterEngine, LocalEngine
 
     job = load_job("tests.jobs.data_jobs:filtered_regression")
     config = TrainConfig(job="filtered_regression", global_batch_size=16, replicas_to_aggregate=2, **train)

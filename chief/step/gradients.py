@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from chief.jobs import tensor_dtype
+from chief.job import tensor_dtype
 
 Gradient = tf.Tensor | tf.IndexedSlices
 

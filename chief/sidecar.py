@@ -1,7 +1,7 @@
 """`pstrain evaluate RUN_DIR`: a sidecar evaluator that follows a run's checkpoints, as TF's SidecarEvaluator does.
 
 Each checkpoint that appears is restored into a local copy of the job's model and evaluated on the
-job's eval set (chief/eval_set.py), read in batches from this machine's copy; one line per checkpoint
+job's eval set (chief/data/eval_set.py), read in batches from this machine's copy; one line per checkpoint
 goes to RUN_DIR/eval.jsonl. It stops once the run's "done" line is in metrics.jsonl and the last
 checkpoint is evaluated, or after `timeout_s`.
 Nothing is written to the run's own files; checkpoints are only read.
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from chief.eval_set import eval_set
-from chief.export import evaluate
-from chief.jobs import checked_arrays, load_job, rows
-from chief.sources import train_source
+from chief.data.eval_set import eval_set
+from chief.data.sources import train_source
+from chief.evaluate import evaluate
+from chief.job import checked_arrays, load_job, rows
 from cluster.errors import TrainingError
 from cluster.rundir import RunDir
 
@@ -39,7 +39,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
     layout = RunDir(run_dir)
     while not layout.config_record.exists():  # started beside a run that has not begun yet
         if time.monotonic() > deadline:
-            from chief.jobs import JobError
+            from chief.job import JobError
 
             raise JobError(f"evaluate: {run_dir} is not a pstrain run directory (no cluster.json); give the run's --run-dir")
         time.sleep(poll_s)

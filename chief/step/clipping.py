@@ -1,6 +1,6 @@
 """Gradient clipping per whole variable, as Keras's optimizers clip, whatever the sharding.
 
-With 2+ ps a large variable is a list of shards (chief/sharding.py), and an optimizer left to clip
+With 2+ ps a large variable is a list of shards (chief/state/sharding.py), and an optimizer left to clip
 would take each shard's norm. Instead the step's mean gradient is clipped here, with the norm of
 each whole variable (all its shards) and, for `global_clipnorm`, of all variables, by the same
 formulas as `tf.clip_by_norm` / `tf.clip_by_global_norm`; the optimizer then applies it with its
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 import tf_keras
 
-from chief.gradients import Gradient, unique_rows
-from chief.jobs import JobError
-from chief.sharding import whole_variables
+from chief.job import JobError
+from chief.state.sharding import whole_variables
+from chief.step.gradients import Gradient, unique_rows
 
 SETTINGS = ("clipvalue", "clipnorm", "global_clipnorm")
 

@@ -11,7 +11,7 @@ measured 13 % slower per step at 10 M parameters (docs/design.md).
 A slot's accumulator averages what it holds, so a closure that ClusterCoordinator re-ran (at least
 once semantics) pushes the same gradient twice and the slot still yields that gradient once.
 
-Row-sparse variables (embedding tables, see chief/gradients.py) get sparse accumulators instead,
+Row-sparse variables (embedding tables, see chief/step/gradients.py) get sparse accumulators instead,
 next to their shard: only the touched rows are pushed, held and taken. TF 2.21 has these only as
 ref-typed ops, which cannot run eagerly and whose handles cannot cross into a function or a cond
 branch: each function and branch that uses one creates the op again under the same `shared_name`

@@ -14,7 +14,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from chief.jobs import JobError
+from chief.job import JobError
 
 LOSS_FORMS = "a function, a tf_keras.losses.Loss, a loss name, or a list/dict of those per output"
 
@@ -80,7 +80,7 @@ def checked_optimizer_fn(spec: str, optimizer_fn: Callable[[], Any]) -> Callable
 
 def read_compiled(model_fn: Callable[[], Any]) -> Any | None:
     """The model's compile settings (the model itself, built without values), or None if not compiled."""
-    from chief.initial_values import unfilled_initializers
+    from chief.state.initial_values import unfilled_initializers
 
     with unfilled_initializers():
         model = model_fn()

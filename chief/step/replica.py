@@ -16,11 +16,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.clipping import refuse_whole_variable_features
-from chief.forward_state import capture_assigns, layer_of, unsupported_ops
-from chief.gradients import replica_gradients
-from chief.jobs import Job, JobError
-from chief.losses import slot_loss
+from chief.job import Job, JobError
+from chief.step.clipping import refuse_whole_variable_features
+from chief.step.forward_state import capture_assigns, layer_of, unsupported_ops
+from chief.step.gradients import replica_gradients
+from chief.step.losses import slot_loss
 from cluster.config import TrainConfig
 
 
@@ -48,14 +48,14 @@ class Replica:
     state_variables: tuple  # non-trainable variables the forward pass assigns
     seed: int
     num_slots: int  # gradients averaged into a step
-    sparse: tuple[bool, ...] | None = None  # per trainable variable: row-sparse (chief/gradients.py); None: all dense
+    sparse: tuple[bool, ...] | None = None  # per trainable variable: row-sparse (chief/step/gradients.py); None: all dense
 
 
 def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = None) -> tuple[tf.Tensor, list, list]:
     """(loss, gradients, state deltas) of one slot; nothing is written to any variable. Gradients of
     row-sparse variables are deduplicated, sorted row slices, the others dense. `touched`, if
     given, receives the positions in `r.state_variables` that the forward pass assigned."""
-    from chief.randomness import stateless_random
+    from chief.step.randomness import stateless_random
 
     features, labels, weights = unpack(data)
     variables = r.model.trainable_variables
@@ -76,7 +76,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     return loss, replica_gradients(grads, variables, sparse), deltas
 
 
-def state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
+def assigned_state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
     """The model's non-trainable variables at `positions` (found by `inspect_job`, with their
     `shapes`); a state variable sharded across ps tasks is refused."""
     weights = model.non_trainable_weights
@@ -110,7 +110,7 @@ def inspect_job(
     """Check the job on its first slot's `batch` with the engine's `model` at its initial weights
     (read where they live; nothing is written); returns the positions in `model.non_trainable_weights`
     of the variables its forward pass assigns, and their shapes. `sparse`: the row-sparse trainable
-    variables (chief/gradients.py), whose gradients stay row slices here too (a dense gradient of a
+    variables (chief/step/gradients.py), whose gradients stay row slices here too (a dense gradient of a
     table would be table-sized). Raises JobError (one line) for a contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
     refuse_whole_variable_features(optimizer, model.trainable_variables)

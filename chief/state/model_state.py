@@ -9,8 +9,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.initial_values import build_layers, full_rows_initializers, seeded_build, unfilled_initializers
-from chief.jobs import Job
+from chief.job import Job
+from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build, unfilled_initializers
 
 log = logging.getLogger("pstrain.chief")
 
@@ -39,7 +39,7 @@ def build_state(job: Job, seed: int, sample, ps_init_min_bytes: int | None = Non
     `ps_init_min_bytes` None: built in this process (the standalone run). An int: built under a
     ParameterServerStrategy scope, each variable's initial value being the same as in this process
     whatever the sharding; a variable of at least that many bytes with a tf_keras initializer gets it
-    computed on its ps, the others on the chief (chief/initial_values.py).
+    computed on its ps, the others on the chief (chief/state/initial_values.py).
     """
     if ps_init_min_bytes is None:
         model = seeded_build(job.model_fn, seed, sample)
@@ -58,7 +58,7 @@ def build_state(job: Job, seed: int, sample, ps_init_min_bytes: int | None = Non
 def mirror_state(job: Job, sample) -> ModelState:
     """A local state of the same structure whose values are unspecified (no initializer runs, and no
     memory is used until they are written): the copy the chief fills from the training state or a
-    checkpoint (chief/checkpoints.py)."""
+    checkpoint (chief/state/checkpoints.py)."""
     with unfilled_initializers():
         model = job.model_fn()
         build_layers(model, sample)

@@ -1,7 +1,7 @@
 """Two ways to run one synchronous step: on the cluster, or in this process (the reference).
 
 Both take the same (step, slot) data, start from the same weights (the seed's, each computed where
-its variable lives: chief/initial_values.py) and average the same per-slot gradients, so a cluster
+its variable lives: chief/state/initial_values.py) and average the same per-slot gradients, so a cluster
 run and a standalone run end with the same model.
 """
 
@@ -19,18 +19,18 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
-from chief.aggregator import SyncReplicasAggregator
-from chief.clipping import apply_clipped
-from chief.data import slot_indices
-from chief.gate import ABORT, StepGate
-from chief.gradients import all_finite, mean_of_slots, sparse_variables
-from chief.initial_values import PS_INIT_MIN_BYTES
-from chief.jobs import Job, job_file
-from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
-from chief.readahead import ReadAhead, request_tag, schedule_order
-from chief.replica import Replica, inspect_job, replica_step, state_variables
-from chief.sharding import partitioner
-from chief.sources import Source, explain_worker_error
+from chief.data.positions import slot_indices
+from chief.data.readahead import ReadAhead, request_tag, schedule_order
+from chief.data.sources import Source, explain_worker_error
+from chief.job import Job, job_file
+from chief.state.initial_values import PS_INIT_MIN_BYTES
+from chief.state.model_state import ModelState, allow_loss_scaling_under_ps, build_state
+from chief.state.sharding import partitioner
+from chief.step.aggregator import SyncReplicasAggregator
+from chief.step.clipping import apply_clipped
+from chief.step.gate import ABORT, StepGate
+from chief.step.gradients import all_finite, mean_of_slots, sparse_variables
+from chief.step.replica import Replica, assigned_state_variables, inspect_job, replica_step
 from cluster.config import TrainConfig
 from cluster.errors import user_error
 
@@ -59,13 +59,13 @@ def inspected_replica(job: Job, state, train: TrainConfig, source: Source, sampl
     variables found by tracing the model on `sample_features`, state variables by the inspection."""
     sparse = tuple(sparse_variables(state.model, sample_features))
     found = inspect_job(job, train, first_batch(source, train), state.model, sparse)  # refuses a job that breaks the contract
-    state_vars = state_variables(state.model, *found)
+    state_vars = assigned_state_variables(state.model, *found)
     return Replica(job, state.model, state.optimizer, state_vars, train.seed, train.replicas_to_aggregate, sparse)
 
 
 def apply_step(optimizer, variables, state_vars, means) -> None:
     """Apply a step's mean gradients (the first len(variables) of `means`, clipped per whole variable
-    as one process clips: chief/clipping.py), then the mean state deltas."""
+    as one process clips: chief/step/clipping.py), then the mean state deltas."""
     grads, deltas = means[: len(variables)], means[len(variables) :]
     apply_clipped(optimizer, grads, variables)
     for variable, delta in zip(state_vars, deltas, strict=True):
@@ -73,7 +73,7 @@ def apply_step(optimizer, variables, state_vars, means) -> None:
 
 
 def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
-    """The positions of the examples behind gradient `slot` of `step` (chief/data.py)."""
+    """The positions of the examples behind gradient `slot` of `step` (chief/data/positions.py)."""
     t = train
     return slot_indices(num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas, t.shuffle)
 
@@ -142,7 +142,7 @@ class LocalEngine:
     """
 
     def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
-        """`source`: the training examples (chief/sources.py); `sample`: one example's features."""
+        """`source`: the training examples (chief/data/sources.py); `sample`: one example's features."""
         self.train, self.job_spec = train, job.spec
         self.source = source
         self.state = build_state(job, train.seed, sample)
@@ -220,7 +220,7 @@ class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator.
 
     A block of K steps costs the chief one dispatch: each slot's closure runs the K steps in one
-    in-graph loop on its worker, waiting at the step gate on the ps between steps (chief/gate.py),
+    in-graph loop on its worker, waiting at the step gate on the ps between steps (chief/step/gate.py),
     while one function that the chief calls once per block takes each step's N gradients, applies
     them on the ps and opens the next step (TF1's chief queue runner, without Python per step).
     """
@@ -234,9 +234,9 @@ class ClusterEngine:
         resolver=None,
         ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
     ):
-        """`source`: the training examples, built again on each worker (chief/sources.py); `sample`: one
+        """`source`: the training examples, built again on each worker (chief/data/sources.py); `sample`: one
         example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
-        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/initial_values.py)."""
+        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py)."""
         self.train = train
         self.source = source
         allow_loss_scaling_under_ps()
@@ -283,7 +283,7 @@ class ClusterEngine:
                 self.train.total_num_replicas,
                 len(self.workers),
             )
-        # Each worker builds its own source (chief/sources.py); closures read their slot's examples from it.
+        # Each worker builds its own source (chief/data/sources.py); closures read their slot's examples from it.
         if self.source.streams:
             self.source.begin(start_step)
         self._expected = self.source.fingerprint()
@@ -473,7 +473,7 @@ class ClusterEngine:
         streams, num = self.source.streams, getattr(self.source, "num_examples", 0)
         rows = count + (1 if self._readahead else 0)
         # A stream: slots in ascending order, so a worker that takes two of a step's closures (one step per
-        # dispatch) takes them in stream order and reads both forward (chief/streams.py).
+        # dispatch) takes them in stream order and reads both forward (chief/data/streams.py).
         order = range(t.total_num_replicas) if streams else schedule_order(self._finished, t.total_num_replicas)
         pending: dict[futures.Future, int] = {}
         for slot in order:

@@ -27,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from chief.jobs import JobError, checked_arrays
-from chief.readahead import ReadAhead
+from chief.data.readahead import ReadAhead
+from chief.job import JobError, checked_arrays
 
 Nest = Any
 SAMPLES = 16  # examples digested per fingerprint: first, last and evenly spaced between
@@ -97,7 +97,7 @@ class Source(ABC):
         batch = self.read_local(sample_positions(self.num_examples))
         return Fingerprint(self.num_examples, int(digest(batch).numpy()))
 
-    streams = False  # read by position (a stream: chief/streams.py)
+    streams = False  # read by position (a stream: chief/data/streams.py)
     reads_ahead = False  # whether `dataset_fn` uses a ReadAhead (a gather from memory needs none: it is ignored)
 
     def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
@@ -120,7 +120,7 @@ class Source(ABC):
     ) -> tuple[Nest, tf.Tensor]:
         """In the closure: check the worker's fingerprint against the chief's, then the slot's examples.
 
-        `element` is the per-worker dataset's; with read-ahead (`tag` given, see chief/readahead.py)
+        `element` is the per-worker dataset's; with read-ahead (`tag` given, see chief/data/readahead.py)
         the batch read ahead is used when it is this closure's. Returns (batch, whether it was).
         """
         (cardinality, found), handle = element[0], element[1]
@@ -365,14 +365,14 @@ class DatasetSource(Source):
 
 def train_source(job, run_dir: Path, train=None):
     """The job's training data as a source: train_dataset() (by position, or as a stream:
-    chief/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
+    chief/data/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
     batch and slots; without it (the evaluator sidecar) a stream can only give its first examples."""
     if job.train_dataset:
         what = f"--job {job.spec}: train_dataset()"
         probe = DatasetSource.made(job.train_dataset, what)
         if probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe):
             return DatasetSource(job.train_dataset, what)
-        from chief.streams import StreamSource
+        from chief.data.streams import StreamSource
 
         slots = (train.slot_batch_size, train.total_num_replicas) if train else (0, 0)
         return StreamSource(job.train_dataset, what, run_dir if train else None, *slots)

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.jobs import JobError
-from chief.sources import SAMPLES, DataError, DatasetSource, Fingerprint, check_fingerprint, digest
+from chief.data.sources import SAMPLES, DataError, DatasetSource, Fingerprint, check_fingerprint, digest
+from chief.job import JobError
 
 Nest = Any
 UNKNOWN = -2  # a stream's cardinality in its fingerprint

@@ -8,7 +8,7 @@ same format for cluster and standalone runs, full-size whatever the sharding.
 
 The mirror is the one full copy of the state on the chief. It is made at the first save, restore or
 evaluation, unfilled (no initializer runs; its memory is taken as values are written), and values
-move between it and the ps in row chunks (chief/sharding.py `copy_rows`), so the chief never holds
+move between it and the ps in row chunks (chief/state/sharding.py `copy_rows`), so the chief never holds
 a second full-size value beside it. Evaluation and export use the mirror's model, not another copy.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import tensorflow as tf
 import tf_keras
 
-from chief.jobs import Job
-from chief.model_state import ModelState, mirror_state
-from chief.sharding import copy_rows, shard_groups
+from chief.job import Job
+from chief.state.model_state import ModelState, mirror_state
+from chief.state.sharding import copy_rows, shard_groups
 from cluster.errors import TrainingError, writing
 
 MAX_TO_KEEP = 3  # a damaged newest checkpoint still leaves at least two good ones to resume from
@@ -75,7 +75,7 @@ def damaged_file(prefix: Path) -> Path:
     return data[0] if len(data) == 1 else prefix.with_name(prefix.name + ".data-*")
 
 
-def state_variables(state: ModelState) -> list[tf.Variable]:
+def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     """Everything a checkpoint holds, in an order both copies share. A new-style optimizer lists the
     slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
     optimizer = state.optimizer.variables
@@ -99,7 +99,7 @@ class Checkpoints:
         if self._mirror is not None:
             return self._mirror, False
         mirror = mirror_state(self.job, self.sample)
-        live_vars, mirror_vars = state_variables(self.live), state_variables(mirror)
+        live_vars, mirror_vars = checkpointed_variables(self.live), checkpointed_variables(mirror)
         try:  # a variable sharded across ps tasks is one full-size variable in the mirror
             groups = shard_groups([v.shape for v in live_vars], [v.shape for v in mirror_vars])
         except ValueError as e:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.jobs import Job, JobError, checked_arrays, rows
+from chief.job import Job, JobError, checked_arrays, rows
 
 Batch = tuple  # (features, labels[, sample_weights]), each a tensor/array or a nest of them
 FALLBACK_EXAMPLES = 8192
@@ -51,7 +51,7 @@ def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet
     if job.eval_dataset:
         return EvalSet.from_dataset(job.eval_dataset, f"--job {spec}: eval_dataset()")
     if job.eval_arrays:
-        from chief.sources import NpyFile
+        from chief.data.sources import NpyFile
 
         what = f"--job {spec}: eval_arrays()"
         headers = tf.nest.map_structure(lambda p: NpyFile.read_header(str(p), what), tuple(job.eval_arrays()))

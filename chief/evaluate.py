@@ -1,0 +1,78 @@
+"""A local model's scores on the eval set (the checkpoint mirror, a restored copy, or the final model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from chief.data.eval_set import EvalSet
+from chief.job import Job, JobError
+
+
+def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
+    """eval_loss (Keras's weighted loss over the outputs, plus the model's own losses), eval_accuracy for
+    a single classifier output without metrics, and `eval_<name>` for every metric (`metrics_fn()`'s,
+    or compile's, named as Keras names them: `<output>_<metric>` for several outputs).
+
+    The set is read `batch` examples at a time: memory does not grow with it. Each output's loss is
+    combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM).
+    """
+    from chief.step.losses import output_losses
+
+    output_names = getattr(model, "output_names", None)
+    metrics = metric_container(job, output_names)
+    means, sums, examples, correct, classifier, updated = 0.0, 0.0, 0, 0, metrics is None, False
+    for part in data.batches(batch):
+        features, labels = part[0], part[1]
+        weights = part[2] if len(part) > 2 else None
+        predictions = model(features, training=False)
+        n = len(tf.nest.flatten(labels)[0])
+        for value, reduction in output_losses(job, output_names, labels, predictions, weights, num_slots=1):
+            if reduction == tf_keras.losses.Reduction.SUM:
+                sums += float(value)
+            else:
+                means += float(value) * n
+        examples += n
+        if metrics is not None:
+            labels_t, weights_t = (
+                None if x is None else tf.nest.map_structure(tf.convert_to_tensor, x) for x in (labels, weights)
+            )
+            metrics.update_state(labels_t, predictions, sample_weight=weights_t)
+            updated = True
+        if classifier and tf.is_tensor(predictions) and predictions.shape.rank == 2 and np.asarray(labels).dtype.kind in "iu":
+            correct += int(np.sum(np.argmax(predictions, axis=1) == np.asarray(labels).reshape(-1)))
+        else:
+            classifier = False
+    if not examples:
+        raise JobError(f"{data.what} is empty; give at least one example to evaluate on")
+    result = {"eval_loss": means / examples + sums}
+    if model.losses:
+        result["eval_loss"] += float(tf.add_n([tf.cast(x, tf.float32) for x in model.losses]))
+    for metric in metrics.metrics if updated else []:
+        result[f"eval_{metric.name}"] = float(metric.result())
+    if classifier:
+        result["eval_accuracy"] = correct / examples
+    return result
+
+
+def tensors(nest: Any) -> Any:
+    """A nest of arrays as tensors (None stays None): what Keras's metric containers take."""
+    return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
+
+
+def metric_container(job: Job, output_names):
+    """Fresh metrics for one evaluation, matched to the outputs as `compile` matches them: the job's
+    `metrics_fn()` (weighted by the sample weights, as before), or compile's metrics and weighted_metrics.
+    None when the job has none."""
+    from tf_keras.src.engine import compile_utils
+
+    if job.metrics_fn:
+        return compile_utils.MetricsContainer(None, list(job.metrics_fn()), output_names=output_names)
+    if job.compiled_metrics:
+        metrics, weighted = job.compiled_metrics()
+        if metrics or weighted:
+            return compile_utils.MetricsContainer(metrics, weighted, output_names=output_names)
+    return None

@@ -1,0 +1,1 @@
+"""Model state: the variables, where they live (shards), their initial values and checkpoints."""

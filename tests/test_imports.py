@@ -1,0 +1,56 @@
+"""The import graph has no upward import: every `import` in chief/, worker/ and cluster/ (module level or inside a
+function) read from the source, checked against the direction the rooms allow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pure
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("chief", "worker", "cluster")
+ROOMS = ("chief.step", "chief.data", "chief.state")  # below the run loop and its views
+CONTRACT = ("chief.job", "chief.job_compiled")  # the job contract: below the rooms
+# The `pstrain` command dispatches to the chief's entry points (train, evaluate, plot), importing them lazily.
+CLI_INTO_CHIEF = {("cluster.cli", "chief.plots"), ("cluster.cli", "chief.sidecar"), ("cluster.cli", "chief.trainer")}
+
+
+def imports() -> set[tuple[str, str]]:
+    """(importing module, imported module) for every import of a pstrain package by a pstrain module."""
+    edges = set()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    raise AssertionError(f"{module}: relative import; pstrain imports by absolute name")
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in getattr(node, "names", [])]
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    edges |= {(module, name) for name in names if name.split(".")[0] in PACKAGES}
+    return edges
+
+
+def within(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_scan_sees_imports_inside_functions():
+    """cluster/cli.py imports the chief only inside functions: the scan must see those to check anything."""
+    assert CLI_INTO_CHIEF <= imports()
+
+
+def test_no_module_imports_upward():
+    edges = imports()
+    wrong = sorted(
+        f"{a} imports {b}"
+        for a, b in edges
+        if (within(a, "worker") and within(b, "chief", "cluster.launch"))  # a passive task: no launcher, no chief
+        or (within(a, "cluster") and within(b, "chief") and (a, b) not in CLI_INTO_CHIEF)
+        or (within(a, *ROOMS, *CONTRACT) and within(b, "chief") and not within(b, *ROOMS, *CONTRACT))
+        or (within(a, "chief.data", "chief.state") and within(b, "chief.step"))  # the step uses data and state
+        or (within(a, "chief.job") and within(b, "chief.jobs"))  # the contract never reaches into the examples
+    )
+    assert not wrong, "upward imports: " + "; ".join(wrong)
