@@ -29,6 +29,7 @@ from chief.jobs import Job, job_file
 from chief.model_state import ModelState, allow_loss_scaling_under_ps, build_state
 from chief.readahead import ReadAhead, request_tag, schedule_order
 from chief.replica import Replica, inspect_job, replica_step, state_variables
+from chief.rounding import same_rounding_everywhere
 from chief.sharding import partitioner
 from chief.sources import Source, explain_worker_error
 from cluster.config import TrainConfig
@@ -143,6 +144,7 @@ class LocalEngine:
 
     def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
         """`source`: the training examples (chief/sources.py); `sample`: one example's features."""
+        same_rounding_everywhere()  # as on the cluster
         self.train, self.job_spec = train, job.spec
         self.source = source
         self.state = build_state(job, train.seed, sample)
@@ -239,6 +241,7 @@ class ClusterEngine:
         variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/initial_values.py)."""
         self.train = train
         self.source = source
+        same_rounding_everywhere()  # as in the standalone reference
         allow_loss_scaling_under_ps()
         resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
