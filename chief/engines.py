@@ -456,11 +456,22 @@ class ClusterEngine:
                 if len(block) < size or withheld or interrupted():
                     break  # interrupted, or a step withheld under "stop": the caller checkpoints and stops
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
-            found = explain_worker_error(e, self.workers) or user_error(e, job_file(self.job.spec), self._open_step())
+            error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
+            found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
             if found is None:
-                raise
-            raise found from e
+                raise error from (None if error is e else e)
+            raise found from error
         return results
+
+    def _cancelled_by(self, error: tf.errors.CancelledError) -> tf.errors.OpError:
+        """The error that made ClusterCoordinator cancel a closure (a ps lost: UnavailableError, which
+        restarts the chief), as its `join` raises it; `error` itself if none comes within 10 s."""
+        cause = self._fetchers.submit(self.coordinator.join)
+        try:
+            found = cause.exception(timeout=10.0)
+        except futures.TimeoutError:
+            return error
+        return found if isinstance(found, tf.errors.OpError) else error
 
     def _open_step(self) -> int | None:
         """The step the cluster was computing (the global step), for an error's message; None if unknown."""

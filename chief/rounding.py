@@ -7,7 +7,7 @@ factors or fuse ops. A worker's closure, where table lookups and variable reads 
 the standalone step, where everything shares one device and both slots one graph, were rewritten
 differently: the same step rounded differently (in the last bit, from the first steps on), and
 long runs drifted (README, "The proof that training is synchronous"). With both off, a cluster run
-without backup slots equals the standalone run bit for bit (tests/test_exact.py). The setting is
+without backup slots equals the standalone run bit for bit (tests/test_engines.py). The setting is
 the calling process's; functions it runs on remote workers are optimized with its options.
 """
 

@@ -1,5 +1,5 @@
 """A wide-and-deep click model, small enough for long runs in tests: the exactness test over 1,000+
-steps (tests/test_exact.py) and the chaos soak (tests/soak.py).
+steps (tests/test_engines.py) and the chaos soak (tests/soak.py).
 
 It has what made long runs drift: a user table sharded over 2 ps (20,000 x 8 float32, 625 KiB:
 chief/sharding.py), a Dense *with* a bias right before BatchNormalization (a parameter whose true
