@@ -464,14 +464,25 @@ class ClusterEngine:
         return results
 
     def _cancelled_by(self, error: tf.errors.CancelledError) -> tf.errors.OpError:
-        """The error that made ClusterCoordinator cancel a closure (a ps lost: UnavailableError, which
-        restarts the chief), as its `join` raises it; `error` itself if none comes within 10 s."""
-        cause = self._fetchers.submit(self.coordinator.join)
-        try:
-            found = cause.exception(timeout=10.0)
-        except futures.TimeoutError:
-            return error
-        return found if isinstance(found, tf.errors.OpError) else error
+        """Why closures were cancelled. A worker's call to a ps that died (or came back without its
+        variables) can end CANCELLED, not UNAVAILABLE, and ClusterCoordinator then cancels every closure:
+        read the smallest variable on each ps; if one fails (or hangs for 30 s), an UnavailableError
+        naming that ps (the chief then restarts and resumes from its checkpoint), else `error` itself."""
+        smallest: dict[str, tf.Variable] = {}
+        for variable in [self.state.global_step, *self.state.model.weights]:
+            kept = smallest.get(variable.device)
+            if kept is None or variable.shape.num_elements() < kept.shape.num_elements():
+                smallest[variable.device] = variable
+        for device, variable in smallest.items():
+            read = self._fetchers.submit(variable.read_value)
+            try:
+                failed = read.exception(timeout=30.0)
+            except futures.TimeoutError:
+                failed = "no answer in 30s"
+            if failed is not None:
+                why = failed.message.splitlines()[0] if isinstance(failed, tf.errors.OpError) else str(failed)
+                return tf.errors.UnavailableError(None, None, f"{device} failed after closures were cancelled: {why}")
+        return error
 
     def _open_step(self) -> int | None:
         """The step the cluster was computing (the global step), for an error's message; None if unknown."""

@@ -1,7 +1,7 @@
-"""A wide-and-deep click model, small enough for long runs in tests: the exactness test over 1,000+
-steps (tests/test_engines.py) and the chaos soak (tests/soak.py).
+"""A wide-and-deep click model, small enough for long runs: the chaos soak (tests/soak.py) and the
+README's bit-exactness measurement (Faults, "Exact for long runs").
 
-It has what made long runs drift: a user table sharded over 2 ps (20,000 x 8 float32, 625 KiB:
+It has what made long runs drift in issue 19: a user table sharded over 2 ps (20,000 x 8 float32, 625 KiB:
 chief/sharding.py), a Dense *with* a bias right before BatchNormalization (a parameter whose true
 gradient is zero, so only rounding moves it), Dropout, and Adagrad (sparse: touched rows only). The
 data is the recommender's synthetic click log (chief/jobs/recommender.py), 2,048 examples.
