@@ -3,12 +3,12 @@ the cluster than in one process, switched off in the process that builds the ste
 
 Grappler's arithmetic optimizer and remapper decide per graph (from device placement and which ops
 share a consumer) whether to merge chains of adds into one `AddN` in another order, hoist common
-factors or fuse ops. A worker's closure, where table lookups and variable reads run on the ps, and
-the standalone step, where everything shares one device and both slots one graph, were rewritten
-differently: the same step rounded differently (in the last bit, from the first steps on), and
-long runs drifted (README, "The proof that training is synchronous"). With both off, a cluster run
-without backup slots equals the standalone run bit for bit (tests/test_engines.py). The setting is
-the calling process's; functions it runs on remote workers are optimized with its options.
+factors or fuse ops. The standalone step, where both slots share one graph and one device, was
+rewritten unlike a worker's closure: the same step rounded differently (in the last bit, from step 7
+of the BatchNorm CNN `tests/jobs/keras_models.py:Mixed` on), and long runs drifted. With both off, a
+cluster run without backup slots equals the standalone run bit for bit (README, Faults, "Exact for
+long runs"). Set in the chief too: a multi-process cluster's closures came out the same either way
+(measured), but in-process clusters (tests/test_engines.py) run the closures under these options.
 """
 
 from __future__ import annotations
