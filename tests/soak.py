@@ -88,7 +88,8 @@ class Injector:
     done: list[Injected] = field(default_factory=list)
     pending: list[tuple[float, Injected]] = field(default_factory=list)  # (when to SIGCONT, what)
     last_lines: int = 0
-    signalled: set[int] = field(default_factory=set)
+    signalled: set[int] = field(default_factory=set)  # every pid signalled (checked to be gone at the end)
+    spent: set[int] = field(default_factory=set)  # pids killed or frozen: never a target again (a paused one is)
 
     def __call__(self) -> bool:
         from tests import helpers
@@ -102,7 +103,7 @@ class Injector:
             fault = self.faults[len(self.done)]
             pid = task_pid(helpers.current_launcher, fault.task, fault.index)
             ready = lines >= fault.at_step and lines >= self.last_lines + self.gap
-            if ready and pid and pid not in self.signalled and _running(pid):
+            if ready and pid and pid not in self.spent and _running(pid):
                 self._inject(fault, pid, lines, now)
         return len(self.done) == len(self.faults) and not self.pending
 
@@ -110,6 +111,8 @@ class Injector:
         injected = Injected(fault, pid, lines, now - self.start)
         psutil.Process(pid).send_signal(signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         self.signalled.add(pid)
+        if fault.kind != "pause":
+            self.spent.add(pid)
         self.done.append(injected)
         self.last_lines = lines
         if fault.kind != "kill":
@@ -157,6 +160,7 @@ class Outcome:
     left_running: list[str]
     seconds: float
     steps: int
+    planned: int  # faults scheduled (a run that ends first leaves some out)
 
     @property
     def every_step_once(self) -> bool:
@@ -165,7 +169,8 @@ class Outcome:
     @property
     def ok(self) -> bool:
         same = self.max_difference == 0.0 and not self.different
-        return self.returncode == 0 and self.every_step_once and same and not self.left_running
+        complete = len(self.injected) == self.planned
+        return complete and self.returncode == 0 and self.every_step_once and same and not self.left_running
 
 
 def run_soak(directory: Path, steps: int, faults: list[Fault], gap: int = 20, checkpoint_every: int = 100) -> Outcome:
@@ -192,7 +197,16 @@ def run_soak(directory: Path, steps: int, faults: list[Fault], gap: int = 20, ch
     records = metrics(run_dir)[0] if (run_dir / "metrics.jsonl").exists() else []
     difference, different = compare_checkpoints(run_dir, reference)
     return Outcome(
-        result.returncode, result.output, injector.done, [r["step"] for r in records], difference, different, left, seconds, steps
+        result.returncode,
+        result.output,
+        injector.done,
+        [r["step"] for r in records],
+        difference,
+        different,
+        left,
+        seconds,
+        steps,
+        len(faults),
     )
 
 
@@ -225,7 +239,8 @@ def restarts(output: str, name: str) -> list[str]:
 
 def report(outcome: Outcome) -> str:
     lines = [
-        f"soak: {len(outcome.injected)} faults in {outcome.seconds:.0f}s of {outcome.steps} steps; exit code {outcome.returncode}"
+        f"soak: {len(outcome.injected)} of {outcome.planned} faults in {outcome.seconds:.0f}s of {outcome.steps} steps; "
+        f"exit code {outcome.returncode}"
     ]
     said = {name: restarts(outcome.output, name) for name in {i.fault.name for i in outcome.injected}}
     for injected in outcome.injected:
