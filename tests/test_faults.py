@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from chief.jobs import digits
 from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain, step_lines
+from tests.soak import Fault, report, run_soak
 
 pytestmark = pytest.mark.cluster
 
@@ -58,41 +59,36 @@ def launch_args(run_dir: Path, steps: int = STEPS) -> list[str]:
     return ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "25"]
 
 
-def test_worker_killed_or_hung_training_goes_on_and_the_worker_rejoins(tmp_path, references):
-    """worker-1 is killed at step 30; later worker-0 hangs (SIGSTOP): silent past the heartbeat timeout,
-    the launcher kills and restarts it, its closures are re-run on worker-1, and the run completes."""
-    steps = 600  # long enough after each fault for the restarted worker (a new TF process) to rejoin
-    config = tmp_path / "cluster.toml"
-    config.write_text("[cluster]\nheartbeat_interval = 0.5\nheartbeat_timeout = 4\n")
-    run_dir, killed, hung = tmp_path / "run", [], []
-    kill = kill_task_when(run_dir, "worker", 1, 30, killed)
-    hang = kill_task_when(run_dir, "worker", 0, 300, hung, sig=signal.SIGSTOP)
-
-    def faults() -> bool:
-        kill() or hang()
-        return bool(killed and hung)
-
-    result = run_pstrain([*launch_args(run_dir, steps), "--config", str(config)], signal_when=faults, send=None)
-    assert killed and hung, "one worker was killed and the other hung during the run"
-    assert result.returncode == 0, result.output
-    assert "pstrain: warning: worker-1 exited (137); restarting (1 of 3) in 1s" in result.output
-    hang_line = "pstrain: warning: worker-0 sent no heartbeat for 4s (hung?) and was killed; restarting (1 of 3) in 1s"
-    assert hang_line in result.output
-    assert "pstrain: error" not in result.output, "recoveries are warnings"
-    for worker in (0, 1):
-        log = (run_dir / "logs" / f"worker-{worker}.log").read_text()
-        assert log.count("registered with the control plane") == 2, f"worker-{worker} restarted once"
-    records, _ = metrics(run_dir)
-    assert any(1 in r["workers"] for r in records[40:]), "the restarted worker-1 contributes again"
-    assert_same_model(run_dir, references(steps), steps)
-    assert_no_orphans(result)
+def test_soak_worker_killed_ps_killed_worker_hung_ends_with_the_fault_free_model(tmp_path):
+    """tests/soak.py, short: the wide-and-deep job (a table sharded over 2 ps, BatchNorm, Dropout) on 2 ps
+    and 2 workers. worker-1 is killed at step 30 (restarted, its closures re-run); ps-1, holding a shard
+    of the table, at step 130 (restarted, and the chief with it, resuming from step 100); worker-0 hangs
+    (SIGSTOP) at step 230: silent past the heartbeat timeout, pstrain kills and restarts it. The final
+    checkpoint equals the fault-free run's bit for bit and nothing is left running."""
+    steps = 300
+    faults = [Fault(30, "worker", 1, "kill"), Fault(130, "ps", 1, "kill"), Fault(230, "worker", 0, "freeze")]
+    outcome = run_soak(tmp_path, steps, faults)
+    print(report(outcome))
+    assert [i.fault for i in outcome.injected] == faults, "every fault was injected"
+    assert outcome.returncode == 0, outcome.output
+    output = outcome.output
+    assert "pstrain: warning: worker-1 exited (137); restarting (1 of 4) in 1s" in output
+    assert "pstrain: warning: ps-1 exited (137); restarting (1 of 4)" in output
+    assert "pstrain: warning: lost ps-1; restarting the chief to resume from checkpoint step 100" in output
+    assert "pstrain: warning: worker-0 sent no heartbeat for 4s (hung?) and was killed; restarting (1 of 4) in 1s" in output
+    assert "killed by pstrain" in outcome.injected[2].note
+    assert "pstrain: error" not in output and "run the same command" not in output, "recoveries are warnings"
+    assert outcome.every_step_once
+    records, _ = metrics(tmp_path / "run")
+    assert any(1 in r["workers"] for r in records[150:]), "the restarted worker-1 contributes again"
+    assert outcome.different == [] and outcome.max_difference == 0.0, "the fault-free model, bit for bit"
+    assert outcome.left_running == []
 
 
-@pytest.mark.parametrize("num_ps", [1, 2], ids=["one-ps", "two-ps-sharded"])
-def test_ps_killed_cluster_restarts_it_and_recomputes_lost_steps(tmp_path, reference, num_ps):
-    """With 2 ps the last one is killed: it holds a shard of the dense kernel."""
-    run_dir, killed, victim = tmp_path / "run", [], num_ps - 1
-    args = [*launch_args(run_dir), "--ps", str(num_ps)]
+def test_ps_killed_cluster_restarts_it_and_recomputes_lost_steps(tmp_path, reference):
+    """The one ps is killed (one of 2, holding a shard of a table: the soak test above)."""
+    run_dir, killed, victim = tmp_path / "run", [], 0
+    args = [*launch_args(run_dir), "--ps", "1"]
     result = run_pstrain(args, signal_when=kill_task_when(run_dir, "ps", victim, 40, killed), send=None)
     assert killed
     assert result.returncode == 0, result.output

@@ -31,6 +31,7 @@ from chief.step.clipping import apply_clipped
 from chief.step.gate import ABORT, StepGate
 from chief.step.gradients import all_finite, mean_of_slots, sparse_variables
 from chief.step.replica import Replica, assigned_state_variables, inspect_job, replica_step
+from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
 
@@ -143,6 +144,7 @@ class LocalEngine:
 
     def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
         """`source`: the training examples (chief/data/sources.py); `sample`: one example's features."""
+        same_rounding_everywhere()  # as on the cluster
         self.train, self.job_spec = train, job.spec
         self.source = source
         self.state = build_state(job, train.seed, sample)
@@ -239,6 +241,7 @@ class ClusterEngine:
         variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py)."""
         self.train = train
         self.source = source
+        same_rounding_everywhere()  # as in the standalone reference
         allow_loss_scaling_under_ps()
         resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
@@ -453,11 +456,33 @@ class ClusterEngine:
                 if len(block) < size or withheld or interrupted():
                     break  # interrupted, or a step withheld under "stop": the caller checkpoints and stops
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
-            found = explain_worker_error(e, self.workers) or user_error(e, job_file(self.job.spec), self._open_step())
+            error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
+            found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
             if found is None:
-                raise
-            raise found from e
+                raise error from (None if error is e else e)
+            raise found from error
         return results
+
+    def _cancelled_by(self, error: tf.errors.CancelledError) -> tf.errors.OpError:
+        """Why closures were cancelled. A worker's call to a ps that died (or came back without its
+        variables) can end CANCELLED, not UNAVAILABLE, and ClusterCoordinator then cancels every closure:
+        read the smallest variable on each ps; if one fails (or hangs for 30 s), an UnavailableError
+        naming that ps (the chief then restarts and resumes from its checkpoint), else `error` itself."""
+        smallest: dict[str, tf.Variable] = {}
+        for variable in [self.state.global_step, *self.state.model.weights]:
+            kept = smallest.get(variable.device)
+            if kept is None or variable.shape.num_elements() < kept.shape.num_elements():
+                smallest[variable.device] = variable
+        for device, variable in smallest.items():
+            read = self._fetchers.submit(variable.read_value)
+            try:
+                failed = read.exception(timeout=30.0)
+            except futures.TimeoutError:
+                failed = "no answer in 30s"
+            if failed is not None:
+                why = failed.message.splitlines()[0] if isinstance(failed, tf.errors.OpError) else str(failed)
+                return tf.errors.UnavailableError(None, None, f"{device} failed after closures were cancelled: {why}")
+        return error
 
     def _open_step(self) -> int | None:
         """The step the cluster was computing (the global step), for an error's message; None if unknown."""
