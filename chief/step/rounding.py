@@ -6,7 +6,7 @@ share a consumer) whether to merge chains of adds into one `AddN` in another ord
 factors or fuse ops. The standalone step, where both slots share one graph and one device, was
 rewritten unlike a worker's closure: the same step rounded differently (in the last bit, from step 7
 of the BatchNorm CNN `tests/jobs/keras_models.py:Mixed` on), and long runs drifted. With both off, a
-cluster run without backup slots equals the standalone run bit for bit (README, Faults, "Exact for
+cluster run without backup slots equals the standalone run bit for bit (docs/faults.md, "Exact for
 long runs"). Set in the chief too: a multi-process cluster's closures came out the same either way
 (measured), but in-process clusters (tests/test_engines.py) run the closures under these options.
 """
