@@ -67,3 +67,12 @@ def test_benchmark_data_section_runs_every_source(tmp_path):
     ahead = {name[0]: r[0].get("read_ahead") for name, r in runs.items()}
     assert ahead["d"] is not None and 0 <= ahead["d"] <= 1 and ahead["e"] is None and ahead["a"] is None
     assert "| (c) large .npy on the workers (train_arrays) |" in result.stdout
+
+
+def test_loop_profile_prints_the_step_time_and_an_op_table():
+    argv = [sys.executable, "-m", "tests.benchmarks.loop_profile", "--workers", "1", "--blocks", "3", "--per-execution", "2"]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "1 workers, K=2:" in result.stdout and "ms/step" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| op type")]
+    assert any(row.startswith("| _Send |") for row in rows), result.stdout  # the loop's body spans worker and ps
