@@ -505,7 +505,8 @@ class ClusterEngine:
             # Tensors made here, not NumPy arrays: converting inside the closure would copy them to the
             # worker while holding the GIL, freezing the chief whenever that worker is slow or stopped.
             # The slot is a Python int: a trace per slot pushes to its own accumulators directly (a
-            # switch_case over slots, one trace for all, cost about a fifth more per step: docs/benchmarks.md).
+            # switch_case over slots, one trace for all, cost about a fifth more per step:
+            # docs/benchmarks/2026-12-03-per-slot-traces.md).
             if streams:
                 positions = tf.zeros([rows, t.slot_batch_size], tf.int64)
             else:
