@@ -210,13 +210,15 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster,
 
 @pytest.mark.inprocess
 def test_blocks_of_any_length_give_the_same_model(in_process_cluster, tmp_path):
-    """K = 1 (the chief on every step's path) and longer blocks train alike, with Dropout and BatchNorm."""
+    """K = 1 (the chief on every step's path) and longer blocks train alike, with Dropout and BatchNorm;
+    blocks of 1, 3 and 2 steps share one trace of the worker function per slot (no retrace per length)."""
     job = load_job("tests.jobs.keras_models:Mixed")
     train = TrainConfig(job="mixed", steps=6, global_batch_size=32, replicas_to_aggregate=2, total_num_replicas=2)
     ones = run_both(in_process_cluster, job, 6, train, tmp_path / "k1", per_block=1)
     fours = run_both(in_process_cluster, job, 6, train, tmp_path / "k4", per_block=4)
     for (_, _, results), per_block in ((ones, 1), (fours, 4)):
         np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6, err_msg=str(per_block))
+    assert fours[0]._worker_fn.experimental_get_tracing_count() == train.total_num_replicas
     reference = ones[1].state.model.get_weights()
     for cluster in (ones[0], fours[0]):
         for got, want in zip(full_weights(cluster, reference), reference, strict=True):

@@ -496,7 +496,9 @@ class ClusterEngine:
         t0 = time.perf_counter()
         first_t, count_t = tf.constant(first, tf.int64), tf.constant(count, tf.int32)
         streams, num = self.source.streams, getattr(self.source, "num_examples", 0)
-        rows = count + (1 if self._readahead else 0)
+        # One shape of positions for every block up to K steps (rows past the block's are zeros): blocks cut
+        # short by a checkpoint or an evaluation, and the cold engine's first one-step block, reuse the trace.
+        rows, used = max(count, t.steps_per_execution) + 1, count + (1 if self._readahead else 0)
         # A stream: slots in ascending order, so a worker that takes two of a step's closures (one step per
         # dispatch) takes them in stream order and reads both forward (chief/data/streams.py).
         order = range(t.total_num_replicas) if streams else schedule_order(self._finished, t.total_num_replicas)
@@ -507,10 +509,10 @@ class ClusterEngine:
             # The slot is a Python int: a trace per slot pushes to its own accumulators directly (a
             # switch_case over slots, one trace for all, cost about a fifth more per step:
             # docs/benchmarks/2026-12-03-per-slot-traces.md).
-            if streams:
-                positions = tf.zeros([rows, t.slot_batch_size], tf.int64)
-            else:
-                positions = tf.constant(np.stack([slot_positions(t, num, first + i, slot) for i in range(rows)]))
+            block = np.zeros([rows, t.slot_batch_size], np.int64)
+            if not streams:
+                block[:used] = [slot_positions(t, num, first + i, slot) for i in range(used)]
+            positions = tf.constant(block)
             args = (self._iterator, first_t, count_t, slot, positions)
             remote = self.coordinator.schedule(self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
