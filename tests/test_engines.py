@@ -282,3 +282,38 @@ def test_a_long_run_equals_standalone_bit_for_bit(in_process_cluster, tmp_path):
     reference = local.state.model.get_weights()
     for got, want, variable in zip(full_weights(cluster, reference), reference, local.state.model.weights, strict=True):
         assert np.array_equal(got, want), f"{variable.name}: differs by up to {np.abs(got - want).max():g}"
+
+
+class SignFlip(tf_keras.layers.Layer):
+    """A job's layer as users write them: a Python `if` on a tensor, which only AutoGraph can trace."""
+
+    def call(self, x):
+        if tf_keras.backend.sum(x) > 0:
+            return x
+        return -x
+
+
+def branching_loss(y_true, y_pred):
+    """A plain loss function with a Python `if` on a tensor."""
+    import tensorflow as tf
+
+    error = tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+    if tf.reduce_mean(error) > 1e6:
+        return error * 0.0
+    return error
+
+
+@pytest.mark.inprocess
+def test_python_control_flow_in_a_jobs_layer_and_loss_trains_as_standalone(in_process_cluster, tmp_path):
+    """The cluster engine traces its own loops with AutoGraph off (start-up); the job's layers and loss
+    are still converted, as in Keras's fit, so their Python `if`s on tensors train, and equal standalone."""
+
+    def model() -> tf_keras.Model:
+        inputs = tf_keras.Input((4,))
+        return tf_keras.Model(inputs, tf_keras.layers.Dense(1)(SignFlip()(tf_keras.layers.Dense(4)(inputs))))
+
+    job = Job("branching", model, branching_loss, lambda: tf_keras.optimizers.legacy.SGD(0.1), masked_sqrt_data, None)
+    train = TrainConfig(job="branching", steps=4, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
+    _, _, results = run_both(in_process_cluster, job, 4, train, tmp_path, per_block=4)
+    assert len(results) == 4 and all(c.applied for c, _ in results)
+    np.testing.assert_array_equal([c.loss for c, _ in results], [s.loss for _, s in results])

@@ -30,7 +30,7 @@ from chief.step.aggregator import SyncReplicasAggregator
 from chief.step.clipping import apply_clipped
 from chief.step.gate import ABORT, StepGate
 from chief.step.gradients import all_finite, mean_of_slots, sparse_variables
-from chief.step.replica import Replica, assigned_state_variables, inspect_job, replica_step
+from chief.step.replica import Replica, as_written, assigned_state_variables, inspect_job, replica_step
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
@@ -306,8 +306,9 @@ class ClusterEngine:
         global_step, aggregator, replica, gate = self.state.global_step, self.aggregator, self.replica, self.gate
         strategy, source, expected, readahead = self.strategy, self.source, self._expected, self._readahead
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
+        step_fn = as_written(replica_step)
 
-        @tf.function
+        @tf.function(autograph=False)  # the job's code is converted where it is called (`as_written`)
         def worker_fn(iterator, first, count, slot, positions):
             """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -344,7 +345,7 @@ class ClusterEngine:
                     made = len(graph.get_operations())
                     with tf.control_dependencies([token]):
                         batch = tf.nest.map_structure(tf.identity, batch)
-                        loss, grads, deltas = replica_step(replica, batch, step, slot)
+                        loss, grads, deltas = step_fn(replica, batch, step, slot)
                     # A job's assertions (tf.debugging.assert_*, a stateful cond around an Assert) feed
                     # nothing: the pushes wait for every stateful op of the step, so a step whose assertion
                     # fails is never applied and the error names that step.
@@ -380,13 +381,13 @@ class ClusterEngine:
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
         stopping = self._stopping
 
-        @tf.function
+        @tf.function(autograph=False)
         def apply_means(means):
             """One step's update; as a function call it has finished, every write done, when it returns."""
-            apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
+            as_written(apply_step)(optimizer, replica.model.trainable_variables, replica.state_variables, means)
             return tf.constant(True)
 
-        @tf.function
+        @tf.function(autograph=False)  # the job's optimizer is converted where it is called (`as_written`)
         def apply_fn(first, count):
             """Take, check and apply steps first..first+count-1 as their gradients arrive; stops early at a
             non-finite step (on_nonfinite "stop") or when `stopping` is set. Per step taken: the loss,

@@ -9,12 +9,14 @@ before any step, in both engines.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+from tensorflow.python.autograph.core import ag_ctx
 
 from chief.job import Job, JobError
 from chief.step.clipping import refuse_whole_variable_features
@@ -49,6 +51,20 @@ class Replica:
     seed: int
     num_slots: int  # gradients averaged into a step
     sparse: tuple[bool, ...] | None = None  # per trainable variable: row-sparse (chief/step/gradients.py); None: all dense
+
+
+def as_written(fn: Callable) -> Callable:
+    """`fn` as AutoGraph converts it inside a `tf.function` (cached per function). The cluster engine
+    traces its own loops with AutoGraph off (they call tf.while_loop and tf.cond directly, and
+    converting them cost about a second of the first step); what reaches the job's code (the model's
+    call, the loss, the optimizer) goes through this, so a Python `if` on a tensor in a job's layer or
+    loss works as it does in Keras's `fit`."""
+
+    def converted(*args, **kwargs):
+        with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED):
+            return tf.__internal__.autograph.tf_convert(fn, ag_ctx.control_status_ctx())(*args, **kwargs)
+
+    return converted
 
 
 def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = None) -> tuple[tf.Tensor, list, list]:
