@@ -74,7 +74,7 @@ class SyncReplicasAggregator:
                 dtype=variable.dtype.base_dtype, shape=variable.shape, shared_name=self.names[slot][i], reduction_type="MEAN"
             )
 
-    @tf.function
+    @tf.function(autograph=False)
     def _start_sparse(self, start_step: tf.Tensor) -> tf.Tensor:
         started = [
             tf.raw_ops.AccumulatorSetGlobalStep(handle=self._sparse(slot, i), new_global_step=start_step)

@@ -30,7 +30,7 @@ from chief.step.aggregator import SyncReplicasAggregator
 from chief.step.clipping import apply_clipped
 from chief.step.gate import ABORT, StepGate
 from chief.step.gradients import all_finite, mean_of_slots, sparse_variables
-from chief.step.replica import Replica, as_written, assigned_state_variables, inspect_job, replica_step
+from chief.step.replica import Replica, assigned_state_variables, inspect_job, replica_step
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
@@ -162,7 +162,7 @@ class LocalEngine:
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
         slots, skip = self.train.replicas_to_aggregate, self.train.on_nonfinite == "skip"
 
-        @tf.function
+        @tf.function(autograph=False)  # as the cluster's (chief/step/replica.py: as_written)
         def step_fn(step, batches):
             variables = replica.model.trainable_variables
             per_slot = []
@@ -279,7 +279,7 @@ class ClusterEngine:
             arrivals_device=device,
         )
         self.gate = StepGate(device)
-        tf.function(self.gate.open)(tf.constant(start_step, tf.int64))
+        tf.function(self.gate.open, autograph=False)(tf.constant(start_step, tf.int64))
         if self.train.total_num_replicas > len(self.workers) and self.train.steps_per_execution > 1:
             log.info(
                 "%d replica slots on %d workers: one step per dispatch (a block's closures must all run at once)",
@@ -297,7 +297,7 @@ class ClusterEngine:
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
-        self._unblock_fn = tf.function(self.aggregator.unblock)
+        self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
         one_ps = len({v.device for v in self.state.model.weights} | {device}) == 1
         self._apply_device = device if one_ps else None
         self._warm = False
@@ -306,9 +306,8 @@ class ClusterEngine:
         global_step, aggregator, replica, gate = self.state.global_step, self.aggregator, self.replica, self.gate
         strategy, source, expected, readahead = self.strategy, self.source, self._expected, self._readahead
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
-        step_fn = as_written(replica_step)
 
-        @tf.function(autograph=False)  # the job's code is converted where it is called (`as_written`)
+        @tf.function(autograph=False)  # the job's code is converted where it is called (chief/step/replica.py: as_written)
         def worker_fn(iterator, first, count, slot, positions):
             """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -345,7 +344,7 @@ class ClusterEngine:
                     made = len(graph.get_operations())
                     with tf.control_dependencies([token]):
                         batch = tf.nest.map_structure(tf.identity, batch)
-                        loss, grads, deltas = step_fn(replica, batch, step, slot)
+                        loss, grads, deltas = replica_step(replica, batch, step, slot)
                     # A job's assertions (tf.debugging.assert_*, a stateful cond around an Assert) feed
                     # nothing: the pushes wait for every stateful op of the step, so a step whose assertion
                     # fails is never applied and the error names that step.
@@ -384,10 +383,10 @@ class ClusterEngine:
         @tf.function(autograph=False)
         def apply_means(means):
             """One step's update; as a function call it has finished, every write done, when it returns."""
-            as_written(apply_step)(optimizer, replica.model.trainable_variables, replica.state_variables, means)
+            apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
             return tf.constant(True)
 
-        @tf.function(autograph=False)  # the job's optimizer is converted where it is called (`as_written`)
+        @tf.function(autograph=False)
         def apply_fn(first, count):
             """Take, check and apply steps first..first+count-1 as their gradients arrive; stops early at a
             non-finite step (on_nonfinite "stop") or when `stopping` is set. Per step taken: the loss,
@@ -642,6 +641,6 @@ class ClusterEngine:
         for future in [f for f in self._late if f.done()]:
             future.result()
         prepared = hasattr(self, "aggregator")
-        late = int(tf.function(self.aggregator.pending_arrivals)().numpy()) if prepared else 0
+        late = int(tf.function(self.aggregator.pending_arrivals, autograph=False)().numpy()) if prepared else 0
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         return late

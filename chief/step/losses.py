@@ -21,6 +21,7 @@ from tf_keras.src.engine import compile_utils
 from tf_keras.src.losses import LossFunctionWrapper
 
 from chief.job import Job, JobError
+from chief.step.as_written import as_written
 
 # What TensorFlow and Keras say when labels and predictions do not fit together.
 _SHAPE_PROBLEM = re.compile(r"shape|dimension|rank|broadcast|incompatible|must have the same", re.I)
@@ -108,7 +109,7 @@ def output_losses(
         name = f"{what}[{_output_name(predictions, output_names, i)}]" if len(flat) > 1 else what
         try:
             y_t, y_p, _ = compile_utils.match_dtype_and_rank(tf.convert_to_tensor(y_true), y_pred, None)
-            values = loss.call(y_t, y_p)
+            values = as_written(loss.call)(y_t, y_p)
         except JobError:
             raise
         except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:

@@ -9,16 +9,15 @@ before any step, in both engines.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
-from tensorflow.python.autograph.core import ag_ctx
 
 from chief.job import Job, JobError
+from chief.step.as_written import as_written
 from chief.step.clipping import refuse_whole_variable_features
 from chief.step.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.step.gradients import replica_gradients
@@ -53,20 +52,6 @@ class Replica:
     sparse: tuple[bool, ...] | None = None  # per trainable variable: row-sparse (chief/step/gradients.py); None: all dense
 
 
-def as_written(fn: Callable) -> Callable:
-    """`fn` as AutoGraph converts it inside a `tf.function` (cached per function). The cluster engine
-    traces its own loops with AutoGraph off (they call tf.while_loop and tf.cond directly, and
-    converting them cost about a second of the first step); what reaches the job's code (the model's
-    call, the loss, the optimizer) goes through this, so a Python `if` on a tensor in a job's layer or
-    loss works as it does in Keras's `fit`."""
-
-    def converted(*args, **kwargs):
-        with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED):
-            return tf.__internal__.autograph.tf_convert(fn, ag_ctx.control_status_ctx())(*args, **kwargs)
-
-    return converted
-
-
 def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = None) -> tuple[tf.Tensor, list, list]:
     """(loss, gradients, state deltas) of one slot; nothing is written to any variable. Gradients of
     row-sparse variables are deduplicated, sorted row slices, the others dense. `touched`, if
@@ -77,7 +62,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     variables = r.model.trainable_variables
     with capture_assigns(r.state_variables) as captured, stateless_random(r.model, r.seed, step, slot):
         with tf.GradientTape() as tape:
-            predictions = r.model(features, training=True)
+            predictions = as_written(r.model)(features, training=True)
             loss = slot_loss(r.job, getattr(r.model, "output_names", None), labels, predictions, weights, r.num_slots)
             if r.model.losses:  # regularizers and add_loss, once per step (the same in every slot)
                 loss = loss + tf.add_n([tf.cast(x, tf.float32) for x in r.model.losses])
@@ -133,7 +118,7 @@ def inspect_job(
     candidates = tuple(model.non_trainable_weights)
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate, sparse)
     # Functions, as in the closures: eagerly, a lookup of a table sharded over ps tasks reads all of it.
-    output = run_unwrapped(tf.function(lambda features: model(features, training=False)), batch[0])
+    output = run_unwrapped(tf.function(lambda features: as_written(model)(features, training=False), autograph=False), batch[0])
     for leaf in tf.nest.flatten(output):
         if leaf.dtype.is_floating and not np.all(np.isfinite(tf.cast(leaf, tf.float32).numpy())):
             raise JobError(
@@ -141,7 +126,8 @@ def inspect_job(
                 "check the input scaling and the layers (e.g. a log or division of raw features)"
             )
     found_touched: list[int] = []  # filled while tracing
-    run_unwrapped(tf.function(lambda d: replica_step(replica, d, tf.constant(0, tf.int64), 0, touched=found_touched)[0]), batch)
+    step = tf.function(lambda d: replica_step(replica, d, tf.constant(0, tf.int64), 0, touched=found_touched)[0], autograph=False)
+    run_unwrapped(step, batch)
     touched = tuple(found_touched)
     for i in touched:
         if not candidates[i].dtype.is_floating:
@@ -152,7 +138,8 @@ def inspect_job(
     traced = Replica(
         job, model, optimizer, tuple(candidates[i] for i in touched), train.seed, train.replicas_to_aggregate, sparse
     )
-    graph = tf.function(lambda d: replica_step(traced, d, tf.constant(0, tf.int64), 0)[0]).get_concrete_function(batch).graph
+    step = tf.function(lambda d: replica_step(traced, d, tf.constant(0, tf.int64), 0)[0], autograph=False)
+    graph = step.get_concrete_function(batch).graph
     found = unsupported_ops(graph)
     if found:
         op, name = found[0]
