@@ -76,3 +76,15 @@ def test_loop_profile_prints_the_step_time_and_an_op_table():
     assert "1 workers, K=2:" in result.stdout and "ms/step" in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| op type")]
     assert any(row.startswith("| _Send |") for row in rows), result.stdout  # the loop's body spans worker and ps
+
+
+def test_cpu_split_prints_each_roles_cpu_per_step_for_pstrain_and_tf1():
+    argv = [sys.executable, "-m", "tests.benchmarks.cpu_split", "--steps", "400", "--warmup", "60", "--window", "1"]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in result.stdout.splitlines() if line.startswith("| ")}
+    pstrain = {role: float(cells[0]) for role, cells in rows.items() if role not in ("role",) and cells[0].strip() != "—"}
+    tf1 = {role: float(cells[1]) for role, cells in rows.items() if role not in ("role",) and cells[1].strip() != "—"}
+    assert {"chief", "ps 0", "worker 0", "worker 1", "all roles", "wall ms/step", "cores busy"} <= set(pstrain), result.stdout
+    assert {"ps 0", "worker 0", "worker 1", "all roles"} <= set(tf1) and "chief" not in tf1, result.stdout
+    assert all(pstrain[r] > 0 and tf1[r] > 0 for r in ("ps 0", "worker 0", "wall ms/step")), result.stdout

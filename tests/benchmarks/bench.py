@@ -4,10 +4,12 @@
 
 Peers, same model and global batch: pstrain sync (2 workers, 1 ps; its default steps per dispatch,
 and one step per dispatch), TF2 ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer
-recipe (2 workers), MultiWorkerMirroredStrategy (2 workers) and one process. Reports medians, each
-peer's examples/s relative to pstrain's, the start-up (launch to the end of the first step) with
-where pstrain's chief spent it, and the transfer limit: the time TF's gRPC needs to move a pstrain
-step's bytes on this machine. pstrain's steady state excludes its first two blocks (the warm-up).
+recipe (2 workers), MultiWorkerMirroredStrategy (2 workers) and one process. Each run's step time is
+its mean over the second half of its steps (the steady state: TF1 runs its first ~100 steps faster than
+the rest, and pstrain's first two blocks trace); across rounds, medians. Reports each peer's
+examples/s relative to pstrain's, the start-up (launch to the end of the first step) with where
+pstrain's chief spent it, and the transfer limit: the time TF's gRPC needs to move a pstrain step's
+bytes on this machine.
 
 --data: launch-to-first-step and per-step time of pstrain (1 M MLP, 2 workers) with its data (a) small
 arrays, (b) --data-gb of arrays from train_data(), (c) the same as .npy files the workers read,
@@ -144,9 +146,10 @@ def peer_pstrain(
     steps_ = [r for r in records if "step" in r and "event" not in r]
     done = next(r for r in records if r.get("event") == "done")
     per_execution = json.loads((run_dir / "cluster.json").read_text())["train"]["steps_per_execution"]
-    measured = [r for r in steps_ if r["step"] >= 1 + per_execution] or steps_[1:]  # blocks: 1, K, K, ...
+    # The second half of the run, and never its first two blocks (1 step, then K): the peers' window too.
+    measured = [r for r in steps_ if r["step"] >= max(1 + per_execution, steps // 2)] or steps_[1:]
     result = {
-        "step_s": statistics.median(r["seconds"] for r in measured),
+        "step_s": statistics.fmean(r["seconds"] for r in measured),  # a block's steps each carry the block's mean
         "startup_s": steps_[0]["time"] - t_launch,
         "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
@@ -203,7 +206,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1m,10m,50m", help="comma-separated; empty for --scaling alone")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--global-batch-size", type=int, default=256)
     parser.add_argument("--scaling", action="store_true", help="also pstrain with 1, 2, 4, 8 workers and 1, 2 ps (10m)")
     parser.add_argument("--data", action="store_true", help="also pstrain fed from (a)-(d): where the data lives")

@@ -364,7 +364,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1m,10m")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--scaling", action="store_true", help="also pstrain and TF1 at several worker counts (1m)")
     parser.add_argument("--scaling-workers", default="1,2,4,8", help="the worker counts of --scaling")
     parser.add_argument("--per-execution", default="", help="also pstrain with each K steps per dispatch, e.g. 1,4,16,64")

@@ -1,0 +1,161 @@
+"""CPU per step, by role: where a run on a CPU-bound machine spends its cores, pstrain against TF1.
+
+    python -m tests.benchmarks.cpu_split [--steps 3000] [--warmup 300] [--window 6]
+
+Both train the embedding benchmark's job (tests/benchmarks/embeddings.py: a 1 M-row table and an MLP,
+2 workers, 1 ps, global batch 128), one run after the other: pstrain launched as a user launches it,
+then the TF1 SyncReplicasOptimizer recipe. Once a run is past `--warmup` steps, every one of its
+processes' CPU time (user + system, psutil) and the run's step count are read at the start and the end
+of a `--window`-second window. A role's figure is its CPU time in the window over the steps applied in
+it; `cores busy` is all roles' CPU time over the window's wall time (2 cores: at most 2.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from tests.benchmarks.bench import PY, ROOT, env_for, free_ports
+from tests.benchmarks.embeddings import JOBS
+
+PROGRESS_ENV = "BENCH_PROGRESS_FILE"  # TF1's worker 0 writes its step count there (tests/benchmarks/peers.py)
+
+
+def role_of(process: psutil.Process) -> str:
+    """`chief`, `ps 0`, `worker 1`, ... from a process's TF_CONFIG and command line; `launcher` otherwise."""
+    try:
+        config = process.environ().get("TF_CONFIG")
+        command = " ".join(process.cmdline()[1:3])
+    except psutil.Error:
+        return "gone"
+    if "-m chief" in command:
+        return "chief"
+    if not config:
+        return "launcher"
+    task = json.loads(config)["task"]
+    return f"{task['type']} {task['index']}"
+
+
+def cpu_times(processes: list[psutil.Process]) -> dict[str, float]:
+    """CPU seconds (user + system) so far, summed by role."""
+    out: dict[str, float] = {}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        role = role_of(process)
+        out[role] = out.get(role, 0.0) + times.user + times.system
+    return out
+
+
+def sample(processes: Callable[[], list[psutil.Process]], steps: Callable[[], int], warmup: int, window: float) -> dict:
+    """Wait until `steps()` passes `warmup` (at most 300 s), then measure one window."""
+    deadline = time.monotonic() + 300
+    while steps() < warmup:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the run did not reach step {warmup} in 300s")
+        time.sleep(0.1)
+    group = processes()
+    before, first, t0 = cpu_times(group), steps(), time.monotonic()
+    time.sleep(window)
+    after, last, t1 = cpu_times(group), steps(), time.monotonic()
+    count = last - first
+    if count <= 0:
+        raise RuntimeError("no step was applied in the window: make --steps larger")
+    per_step = {role: (after[role] - before[role]) * 1000 / count for role in after if role in before}
+    busy = sum(after[role] - before[role] for role in per_step) / (t1 - t0)
+    return {"ms_per_step": (t1 - t0) * 1000 / count, "cpu_ms_per_step": per_step, "cores_busy": busy}
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def pstrain(steps: int, warmup: int, window: float) -> dict:
+    run = Path(tempfile.mkdtemp(prefix="pstrain-cpu-")) / "run"
+    argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS["1m"], "--steps", str(steps), "--checkpoint-every", "0"]
+    argv += ["--global-batch-size", "128", "--workers", "2", "--ps", "1", "--run-dir", str(run)]
+    launcher = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def applied() -> int:
+        if launcher.poll() is not None:
+            raise RuntimeError(f"pstrain ended (exit {launcher.returncode}) before the window; logs in {run / 'logs'}")
+        try:
+            return (run / "metrics.jsonl").read_text().count('"aggregated"')
+        except FileNotFoundError:
+            return 0
+
+    try:
+        root = psutil.Process(launcher.pid)
+        return sample(lambda: [root, *root.children(recursive=True)], applied, warmup, window)
+    finally:
+        stop([launcher])
+
+
+def tf1(steps: int, warmup: int, window: float) -> dict:
+    progress = Path(tempfile.mkdtemp(prefix="tf1-cpu-")) / "steps"
+    addresses = free_ports(3)
+    cluster = {"ps": addresses[:1], "worker": addresses[1:]}
+    argv = [PY, "-m", "tests.benchmarks.embeddings", "tf1", "1m", "128", str(steps)]
+    group = [env_for(cluster, "worker", i) for i in range(2)] + [env_for(cluster, "ps", 0)]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    processes = [subprocess.Popen(argv, cwd=ROOT, env={**env, PROGRESS_ENV: str(progress)}, **quiet) for env in group]
+
+    def applied() -> int:
+        if processes[0].poll() is not None:
+            raise RuntimeError("TF1's worker 0 ended before the window: make --steps larger")
+        try:
+            return int(progress.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    try:
+        return sample(lambda: [psutil.Process(p.pid) for p in processes], applied, warmup, window)
+    finally:
+        stop(processes)
+
+
+def table(runs: dict[str, dict]) -> str:
+    roles = sorted({role for run in runs.values() for role in run["cpu_ms_per_step"]}, key=lambda r: (r != "chief", r))
+    lines = ["| role | " + " | ".join(f"{peer} CPU ms/step" for peer in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for role in roles:
+        cells = [f"{run['cpu_ms_per_step'][role]:.2f}" if role in run["cpu_ms_per_step"] else "—" for run in runs.values()]
+        lines.append(f"| {role} | " + " | ".join(cells) + " |")
+    lines.append("| all roles | " + " | ".join(f"{sum(run['cpu_ms_per_step'].values()):.2f}" for run in runs.values()) + " |")
+    lines.append("| wall ms/step | " + " | ".join(f"{run['ms_per_step']:.2f}" for run in runs.values()) + " |")
+    lines.append("| cores busy | " + " | ".join(f"{run['cores_busy']:.2f}" for run in runs.values()) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3000, help="steps per run (the window must end before the run)")
+    parser.add_argument("--warmup", type=int, default=300, help="steps before the window opens")
+    parser.add_argument("--window", type=float, default=6.0, help="seconds measured")
+    args = parser.parse_args()
+    print(f"# {os.cpu_count()} cores; embeddings 1m, 2 workers, 1 ps, batch 128; {args.window:g}s after step {args.warmup}")
+    runs = {"pstrain": pstrain(args.steps, args.warmup, args.window), "TF1": tf1(args.steps, args.warmup, args.window)}
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
