@@ -21,6 +21,7 @@ from chief.state.initial_values import (
     RowsOnChief,
     fill_on_ps,
     full_rows_initializers,
+    no_constant_folding,
     reproducible_on_ps,
     seeded_build,
     unfilled,
@@ -77,6 +78,24 @@ def test_each_shard_gets_its_rows_of_the_full_value():
     whole = tf.Variable(unfilled((10, 4), tf.float32)())
     fill_on_ps(whole, compute)
     np.testing.assert_array_equal(whole.numpy(), full)
+
+
+@pytest.mark.pure
+def test_constant_folding_is_off_only_inside_the_fill():
+    """The fill turns grappler's constant folding off (it computed whole tables to throw them away) and
+    puts the setting back as it found it, unset or set."""
+    options = tf.config.optimizer.get_experimental_options
+    assert options().get("constant_folding", True)
+    with no_constant_folding():
+        assert options()["constant_folding"] is False
+    assert options().get("constant_folding", True)
+    tf.config.optimizer.set_experimental_options({"constant_folding": False})
+    try:
+        with no_constant_folding():
+            pass
+        assert options()["constant_folding"] is False
+    finally:
+        tf.config.optimizer.set_experimental_options({"constant_folding": True})
 
 
 @pytest.mark.pure

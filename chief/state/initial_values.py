@@ -116,10 +116,23 @@ def fill_on_ps(variable, compute) -> None:
             full = compute()
             shard.assign(full if len(shards) == 1 else full[start:stop])
 
-        with tf.device(shard.device), warnings.catch_warnings():
+        with tf.device(shard.device), warnings.catch_warnings(), no_constant_folding():
             warnings.filterwarnings("ignore", message="The initializer .* is unseeded")  # called once per shard
             tf.function(fill, autograph=False)()
         start = stop
+
+
+@contextlib.contextmanager
+def no_constant_folding() -> Iterator[None]:
+    """Functions instantiated in the block are not constant-folded. A stateless draw with a constant
+    seed is foldable, so grappler computed a whole table's initial value on one thread, only to drop
+    it as too large to keep: 9 s of a 10 M-row table's start-up. The values are the same either way."""
+    before = tf.config.optimizer.get_experimental_options().get("constant_folding", True)
+    tf.config.optimizer.set_experimental_options({"constant_folding": False})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"constant_folding": before})
 
 
 def variable_bytes(shape, dtype) -> int | None:
