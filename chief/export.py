@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from chief.job import tensor_dtype
 from cluster.errors import DiskFullError, writing
@@ -28,7 +29,11 @@ def serving_spec(sample: Any) -> Any:
 
 def export_saved_model(model, sample: Any, path: Path) -> None:
     """Write a SavedModel whose serving_default maps features (by name, for a dict of inputs) to
-    {"predictions": ...} (or one output per name for a dict of outputs); atomic on success."""
+    {"predictions": ...} (or one output per name for a dict of outputs); atomic on success.
+
+    Keras's own traces of every layer's call are left out (as `model.save(save_traces=False)`): the
+    signature is what serves, and Keras traced a subclassed layer's `call` with AutoGraph off, so a job
+    whose layer branches on a tensor in Python trained and then failed here."""
     spec = serving_spec(sample)
 
     def outputs(y):
@@ -45,7 +50,7 @@ def export_saved_model(model, sample: Any, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with writing(path):
+        with writing(path), keras_option_scope(save_traces=False):
             tf.saved_model.save(module, str(tmp), signatures={"serving_default": concrete})
     except DiskFullError:
         shutil.rmtree(tmp, ignore_errors=True)  # no half-written model left behind
