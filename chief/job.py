@@ -143,3 +143,20 @@ def rows(nest: Any, index: Any) -> Any:
 def first_rows(features: Any, n: int = 1) -> Any:
     """The first `n` rows of every array of a features nest (a sample for building a model)."""
     return rows(features, slice(0, n))
+
+
+def as_written(fn: Callable) -> Callable:
+    """The job's callable `fn` (its model, a loss's `call`, its optimizer's `apply_gradients`, its
+    `train_dataset`) run as inside an autograph=True `tf.function`: converted by AutoGraph (cached per
+    function; Keras's own code is left as it is), with a subclassed layer's `call` and a `map` function
+    converted where Keras and tf.data call them. pstrain traces its own functions with AutoGraph off
+    (they use tf.while_loop and tf.cond directly, and converting them took about 2 s of every start-up);
+    through this, a Python `if` on a tensor in the job's code still works as in Keras's `fit`."""
+    import tensorflow as tf
+    from tensorflow.python.autograph.core import ag_ctx
+
+    def converted(*args, **kwargs):
+        with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED):
+            return tf.__internal__.autograph.tf_convert(fn, ag_ctx.control_status_ctx())(*args, **kwargs)
+
+    return converted

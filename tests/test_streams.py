@@ -136,12 +136,12 @@ def test_a_worker_whose_stream_differs_is_named_in_one_line():
     )
 
 
-def engines(resolver, run_dir, **train):
-    """A ClusterEngine (in-process cluster) and a LocalEngine on `filtered_regression`, from step 0."""
+def engines(resolver, run_dir, name: str = "filtered_regression", **train):
+    """A ClusterEngine (in-process cluster) and a LocalEngine on tests/jobs/data_jobs.py's `name`, from step 0."""
     from chief.step.engines import ClusterEngine, LocalEngine
 
-    job = load_job("tests.jobs.data_jobs:filtered_regression")
-    config = TrainConfig(job="filtered_regression", global_batch_size=16, replicas_to_aggregate=2, **train)
+    job = load_job(f"tests.jobs.data_jobs:{name}")
+    config = TrainConfig(job=name, global_batch_size=16, replicas_to_aggregate=2, **train)
     source = train_source(job, run_dir / "cluster", config)
     sample = tf.nest.map_structure(lambda t: t.numpy(), source.first(1)[0])
     cluster = ClusterEngine(job, config, source, sample, resolver=resolver)
@@ -178,3 +178,15 @@ def test_a_stream_with_a_backup_slot_reads_every_batch_forward(in_process_cluste
     assert all(r.aggregated == 2 and r.applied for r in results)
     assert [r.epoch for r in results] == [3 * k // 9 for k in range(8)]
     assert sum(r.reread for r in results) == 0
+
+
+@pytest.mark.inprocess
+def test_a_stream_whose_map_branches_in_python_trains_as_standalone(in_process_cluster, tmp_path):
+    """The job's pipeline is made inside the worker's closure too (a fresh pipeline for a worker past its
+    batch), which pstrain traces with AutoGraph off: the job's `make()` still runs with AutoGraph on."""
+    for sub in ("cluster", "local"):
+        (tmp_path / sub).mkdir()
+    cluster, local = engines(in_process_cluster, tmp_path, "branching_stream", total_num_replicas=2)
+    results = list(zip(cluster.run(0, 1) + cluster.run(1, 7), local.run(0, 8), strict=True))
+    cluster.close()
+    np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)

@@ -28,7 +28,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from chief.data.readahead import ReadAhead
-from chief.job import JobError, checked_arrays
+from chief.job import JobError, as_written, checked_arrays
 
 Nest = Any
 SAMPLES = 16  # examples digested per fingerprint: first, last and evenly spaced between
@@ -317,8 +317,10 @@ class DatasetSource(Source):
 
     @staticmethod
     def made(make: Callable[[], tf.data.Dataset], what: str) -> tf.data.Dataset:
-        """`make()`, checked to be a dataset."""
-        dataset = make()
+        """`make()`, checked to be a dataset. Made as the job wrote it (`as_written`): a worker
+        may make it inside a closure that pstrain traces with AutoGraph off, and a map function's Python
+        `if` on a tensor needs AutoGraph on where `map` is called."""
+        dataset = as_written(make)()
         if not isinstance(dataset, tf.data.Dataset):
             raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
         return dataset

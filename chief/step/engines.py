@@ -162,7 +162,7 @@ class LocalEngine:
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
         slots, skip = self.train.replicas_to_aggregate, self.train.on_nonfinite == "skip"
 
-        @tf.function(autograph=False)  # as the cluster's (chief/step/as_written.py)
+        @tf.function(autograph=False)  # as the cluster's (chief/job.py: as_written)
         def step_fn(step, batches):
             variables = replica.model.trainable_variables
             per_slot = []
@@ -307,7 +307,7 @@ class ClusterEngine:
         strategy, source, expected, readahead = self.strategy, self.source, self._expected, self._readahead
         backups = self.train.total_num_replicas > self.train.replicas_to_aggregate
 
-        @tf.function(autograph=False)  # the job's code is converted where it is called (chief/step/as_written.py)
+        @tf.function(autograph=False)  # the job's code is converted where it is called (chief/job.py: as_written)
         def worker_fn(iterator, first, count, slot, positions):
             """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()

@@ -16,8 +16,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job, JobError
-from chief.step.as_written import as_written
+from chief.job import Job, JobError, as_written
 from chief.step.clipping import refuse_whole_variable_features
 from chief.step.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.step.gradients import replica_gradients

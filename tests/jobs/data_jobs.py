@@ -175,3 +175,18 @@ class filtered_regression:  # noqa: N801
             return x, tf.reduce_sum(x) * 0.5
 
         return tf.data.Dataset.range(90).filter(lambda i: i % 7 != 0).map(example)
+
+
+class branching_stream(filtered_regression):  # noqa: N801
+    """filtered_regression whose map function branches on a tensor in Python, as users write them:
+    AutoGraph makes the `if` a tf.cond (also where a worker makes a fresh pipeline inside a closure)."""
+
+    @staticmethod
+    def train_dataset():
+        def example(i):
+            x = tf.sin(tf.cast(tf.range(4), tf.float32) + tf.cast(i, tf.float32))
+            if i % 2 == 0:
+                x = -x
+            return x, tf.reduce_sum(x) * 0.5
+
+        return tf.data.Dataset.range(90).filter(lambda i: i % 7 != 0).map(example)
