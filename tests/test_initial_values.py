@@ -6,6 +6,7 @@ conftest.py, where the recommender's user table is sharded over both ps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -81,21 +82,37 @@ def test_each_shard_gets_its_rows_of_the_full_value():
 
 
 @pytest.mark.pure
-def test_constant_folding_is_off_only_inside_the_fill():
+def test_constant_folding_is_off_only_inside_the_fill(monkeypatch):
     """The fill turns grappler's constant folding off (it computed whole tables to throw them away) and
-    puts the setting back as it found it, unset or set."""
+    leaves the setting as it found it: unset, or set either way."""
+    import chief.state.initial_values as initial_values
+
     options = tf.config.optimizer.get_experimental_options
-    assert options().get("constant_folding", True)
+    assert "constant_folding" not in options()
     with no_constant_folding():
         assert options()["constant_folding"] is False
-    assert options().get("constant_folding", True)
-    tf.config.optimizer.set_experimental_options({"constant_folding": False})
-    try:
+    assert "constant_folding" not in options()
+    for setting in (True, False):
+        tf.config.optimizer.set_experimental_options({"constant_folding": setting})
         with no_constant_folding():
-            pass
-        assert options()["constant_folding"] is False
-    finally:
-        tf.config.optimizer.set_experimental_options({"constant_folding": True})
+            assert options()["constant_folding"] is False
+        assert options()["constant_folding"] is setting
+    from tensorflow.python.eager import context
+
+    context.context()._optimizer_experimental_options.pop("constant_folding")  # unset again, for the next tests
+    tf.config.optimizer.set_experimental_options({})  # and this thread's cached call options with it
+    entered = []
+
+    @contextlib.contextmanager
+    def spy():
+        entered.append(True)
+        with no_constant_folding():
+            yield
+
+    monkeypatch.setattr(initial_values, "no_constant_folding", spy)
+    whole = tf.Variable(unfilled((6, 4), tf.float32)())
+    fill_on_ps(whole, functools.partial(tf_keras.initializers.RandomUniform(seed=1), (6, 4), dtype=tf.float32))
+    assert entered == [True], "the fill runs without constant folding"
 
 
 @pytest.mark.pure

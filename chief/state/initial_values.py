@@ -124,15 +124,26 @@ def fill_on_ps(variable, compute) -> None:
 
 @contextlib.contextmanager
 def no_constant_folding() -> Iterator[None]:
-    """Functions instantiated in the block are not constant-folded. A stateless draw with a constant
-    seed is foldable, so grappler computed a whole table's initial value on one thread, only to drop
-    it as too large to keep: 9 s of a 10 M-row table's start-up. The values are the same either way."""
-    before = tf.config.optimizer.get_experimental_options().get("constant_folding", True)
-    tf.config.optimizer.set_experimental_options({"constant_folding": False})
+    """Functions instantiated in the block are not constant-folded; after it, the setting is as it was
+    (unset, on or off). A stateless draw with a constant seed is foldable, so grappler computed a whole
+    table's initial value on one thread, only to drop it as too large to keep: 9 s of a 10 M-row table's
+    start-up. The values are the same either way. TF refreshes only the calling thread's cached call
+    options: use it before other threads run functions (the model is built first)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    options = ctx._optimizer_experimental_options  # tf.config.optimizer's setter only adds keys: restore by hand
+    unset = "constant_folding" not in options
+    before = options.get("constant_folding")
+    ctx.set_optimizer_experimental_options({"constant_folding": False})
     try:
         yield
     finally:
-        tf.config.optimizer.set_experimental_options({"constant_folding": before})
+        if unset:
+            options.pop("constant_folding", None)
+            ctx.set_optimizer_experimental_options({})  # drops this thread's cached call options
+        else:
+            ctx.set_optimizer_experimental_options({"constant_folding": before})
 
 
 def variable_bytes(shape, dtype) -> int | None:
