@@ -6,8 +6,9 @@ Both train the embedding benchmark's job (tests/benchmarks/embeddings.py: a 1 M-
 2 workers, 1 ps, global batch 128), one run after the other: pstrain launched as a user launches it,
 then the TF1 SyncReplicasOptimizer recipe. Once a run is past `--warmup` steps, every one of its
 processes' CPU time (user + system, psutil) and the run's step count are read at the start and the end
-of a `--window`-second window. A role's figure is its CPU time in the window over the steps applied in
-it; `cores busy` is all roles' CPU time over the window's wall time (2 cores: at most 2.0).
+of a window of about `--window` seconds, opened and closed just as the step count moves (it moves a
+block at a time). A role's figure is its CPU time in the window over the steps applied in it; `cores
+busy` is all roles' CPU time over the window's wall time (2 cores: at most 2.0).
 """
 
 from __future__ import annotations
@@ -58,20 +59,37 @@ def cpu_times(processes: list[psutil.Process]) -> dict[str, float]:
     return out
 
 
+def next_count(steps: Callable[[], int], deadline: float) -> int:
+    """Wait until the step count moves, then until it holds still for 2 ms (a block's lines are written
+    one by one); returns it. Counts move in jumps (a block of K steps, TF1's every 50): a window opened
+    and closed on a jump counts its steps exactly."""
+    last = steps()
+    while (now := steps()) == last:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the run applied no step for too long: make --steps larger")
+        time.sleep(0.002)
+    while True:
+        time.sleep(0.002)
+        if (again := steps()) == now:
+            return now
+        now = again
+
+
 def sample(processes: Callable[[], list[psutil.Process]], steps: Callable[[], int], warmup: int, window: float) -> dict:
-    """Wait until `steps()` passes `warmup` (at most 300 s), then measure one window."""
+    """Wait until `steps()` passes `warmup` (at most 300 s), then measure one window of about `window`
+    seconds, opened and closed as the count moves."""
     deadline = time.monotonic() + 300
     while steps() < warmup:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the run did not reach step {warmup} in 300s")
         time.sleep(0.1)
     group = processes()
-    before, first, t0 = cpu_times(group), steps(), time.monotonic()
+    first = next_count(steps, deadline)
+    before, t0 = cpu_times(group), time.monotonic()
     time.sleep(window)
-    after, last, t1 = cpu_times(group), steps(), time.monotonic()
+    last = next_count(steps, time.monotonic() + 60)
+    after, t1 = cpu_times(group), time.monotonic()
     count = last - first
-    if count <= 0:
-        raise RuntimeError("no step was applied in the window: make --steps larger")
     per_step = {role: (after[role] - before[role]) * 1000 / count for role in after if role in before}
     busy = sum(after[role] - before[role] for role in per_step) / (t1 - t0)
     return {"ms_per_step": (t1 - t0) * 1000 / count, "cpu_ms_per_step": per_step, "cores_busy": busy}
@@ -117,7 +135,7 @@ def tf1(steps: int, warmup: int, window: float) -> dict:
     argv = [PY, "-m", "tests.benchmarks.embeddings", "tf1", "1m", "128", str(steps)]
     group = [env_for(cluster, "worker", i) for i in range(2)] + [env_for(cluster, "ps", 0)]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    processes = [subprocess.Popen(argv, cwd=ROOT, env={**env, PROGRESS_ENV: str(progress)}, **quiet) for env in group]
+    processes: list[subprocess.Popen] = []
 
     def applied() -> int:
         if processes[0].poll() is not None:
@@ -128,6 +146,8 @@ def tf1(steps: int, warmup: int, window: float) -> dict:
             return 0
 
     try:
+        for env in group:  # started inside the try: one that fails to start still has the others stopped
+            processes.append(subprocess.Popen(argv, cwd=ROOT, env={**env, PROGRESS_ENV: str(progress)}, **quiet))
         return sample(lambda: [psutil.Process(p.pid) for p in processes], applied, warmup, window)
     finally:
         stop(processes)
