@@ -80,15 +80,20 @@ def run_group(commands: list[tuple[list[str], dict]], reporter: int) -> dict:
             raise RuntimeError(f"{commands[reporter][0]} printed no result")
         return json.loads(lines[-1])
     finally:
-        for p in processes:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in processes:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(processes)
+
+
+def stop_all(processes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM every process still running, then reap each (SIGKILL one that outlives `grace_s`)."""
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in processes:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def peer_cluster(role: str, size: str, batch: int, steps: int, workers: int = 2, ps: int = 1) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.benchmarks.bench import PY, ROOT, env_for, free_ports
+from tests.benchmarks.bench import PY, ROOT, env_for, free_ports, stop_all
 from tests.benchmarks.embeddings import JOBS
 
 PROGRESS_ENV = "BENCH_PROGRESS_FILE"  # TF1's worker 0 writes its step count there (tests/benchmarks/peers.py)
@@ -95,18 +95,6 @@ def sample(processes: Callable[[], list[psutil.Process]], steps: Callable[[], in
     return {"ms_per_step": (t1 - t0) * 1000 / count, "cpu_ms_per_step": per_step, "cores_busy": busy}
 
 
-def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def pstrain(steps: int, warmup: int, window: float) -> dict:
     run = Path(tempfile.mkdtemp(prefix="pstrain-cpu-")) / "run"
     argv = [PY, "-m", "cluster.cli", "launch", "--job", JOBS["1m"], "--steps", str(steps), "--checkpoint-every", "0"]
@@ -125,7 +113,7 @@ def pstrain(steps: int, warmup: int, window: float) -> dict:
         root = psutil.Process(launcher.pid)
         return sample(lambda: [root, *root.children(recursive=True)], applied, warmup, window)
     finally:
-        stop([launcher])
+        stop_all([launcher], grace_s=60)  # the launcher stops and reaps its tasks first
 
 
 def tf1(steps: int, warmup: int, window: float) -> dict:
@@ -150,7 +138,7 @@ def tf1(steps: int, warmup: int, window: float) -> dict:
             processes.append(subprocess.Popen(argv, cwd=ROOT, env={**env, PROGRESS_ENV: str(progress)}, **quiet))
         return sample(lambda: [psutil.Process(p.pid) for p in processes], applied, warmup, window)
     finally:
-        stop(processes)
+        stop_all(processes)
 
 
 def table(runs: dict[str, dict]) -> str:
