@@ -6,12 +6,15 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from cluster.control.agent import Refused, agent_from_env
 from cluster.errors import ConfigError, PstrainError, report
 from cluster.taskenv import TaskEnv, die_with_parent
 from cluster.tfconfig import server_task
+from worker import tf_runtime
+from worker.tf_runtime import Runtime
 
 log = logging.getLogger("pstrain.server")
 
@@ -22,11 +25,11 @@ def leave(error: PstrainError) -> NoReturn:
     os._exit(report(error))
 
 
-def gpu_memory_fn(tf):
+def gpu_memory_fn(tf: Runtime) -> Callable[[], int]:
     """Bytes of GPU memory TensorFlow holds in this process (0 without a visible GPU)."""
-    if not tf.config.list_physical_devices("GPU"):
+    if not tf.list_physical_devices("GPU"):
         return lambda: 0
-    return lambda: int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+    return lambda: int(tf.get_memory_info("GPU:0")["current"])
 
 
 def main() -> int:
@@ -43,9 +46,8 @@ def serve() -> int:
     cluster, task_type, index = server_task(os.environ.get("TF_CONFIG"))
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    import tensorflow as tf
-
-    devices = [f"{d.device_type}:{d.name}" for d in tf.config.list_physical_devices()]
+    tf = tf_runtime.load()
+    devices = [f"{d.device_type}:{d.name}" for d in tf.list_physical_devices()]
     log.info(
         "%s:%d pid %d CUDA_VISIBLE_DEVICES=%r devices %s",
         task_type,
@@ -54,9 +56,7 @@ def serve() -> int:
         os.environ.get("CUDA_VISIBLE_DEVICES"),
         devices,
     )
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", start=True
-    )
+    server = tf.Server(tf.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", start=True)
     log.info("%s:%d serving at %s", task_type, index, server.target)
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
     if agent:
