@@ -73,6 +73,19 @@ def apply_step(optimizer, variables, state_vars, means) -> None:
         variable.assign_add(delta)
 
 
+def apply_widths(slots: int, values: int) -> tuple[int, ...]:
+    """Columns per step of the apply's packed result: loss, chosen slots, their workers, late, finite, applied."""
+    return (1, slots, slots, 1, values, 1)
+
+
+def unpack_applied(packed: np.ndarray, widths: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """The apply's [steps, sum(widths)] float64 result as (losses, chosen, workers, late, finite, proceeded)."""
+    losses, chosen, workers, late, finite, proceeded = np.split(packed, np.cumsum(widths)[:-1], axis=1)
+    losses, late, proceeded = losses[:, 0], late[:, 0], proceeded[:, 0]  # one value per step
+    as_bool, as_int = (lambda a: a.astype(bool)), (lambda a: a.astype(np.int64))
+    return losses.astype(np.float32), as_bool(chosen), as_int(workers), as_int(late), as_bool(finite), as_bool(proceeded)
+
+
 def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
     """The positions of the examples behind gradient `slot` of `step` (chief/data/positions.py)."""
     t = train
@@ -379,6 +392,7 @@ class ClusterEngine:
         with tf.device(global_step.device):
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
         stopping = self._stopping
+        widths = self._apply_widths = apply_widths(self.train.total_num_replicas, len(self.names))
 
         @tf.function(autograph=False)
         def apply_means(means):
@@ -425,14 +439,16 @@ class ClusterEngine:
                     return i + 1, go, out
 
             dtypes = (tf.float32, tf.bool, tf.int64, tf.int64, tf.bool, tf.bool)
-            arrays = [tf.TensorArray(d, size=0, dynamic_size=True) for d in dtypes]
+            shapes = ([], [widths[1]], [widths[2]], [], [widths[4]], [])  # per step: see apply_widths
+            arrays = [tf.TensorArray(d, 0, dynamic_size=True, element_shape=e) for d, e in zip(dtypes, shapes, strict=True)]
             _, _, out = tf.while_loop(
                 lambda i, go, _: tf.logical_and(i < count, go),
                 body,
                 (tf.constant(0, tf.int32), tf.logical_not(stopping.read_value()), arrays),
                 parallel_iterations=1,
             )
-            return [array.stack() for array in out]
+            # One packed result, as each output costs the chief a fetch: float64 holds every value exactly.
+            return tf.concat([tf.reshape(tf.cast(a.stack(), tf.float64), [-1, w]) for a, w in zip(out, widths, strict=True)], 1)
 
         return apply_fn
 
@@ -522,7 +538,7 @@ class ClusterEngine:
             return []  # interrupted before the step's gradients were in: nothing applied
         applying = self._fetchers.submit(self._apply_block, first_t, count_t)
         stalled = self._wait(applying, pending, results, interrupted, can_stall=count > 1)
-        losses, chosen, workers, late, finite, proceeded = (value.numpy() for value in applying.result())
+        losses, chosen, workers, late, finite, proceeded = unpack_applied(applying.result().numpy(), self._apply_widths)
         if stalled:  # the accumulators hold the unblocking pushes: start afresh from the global step
             self.prepare(int(self.state.global_step.numpy()))
         t2 = time.perf_counter()
