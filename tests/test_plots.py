@@ -36,9 +36,9 @@ def test_load_records_says_what_is_missing(tmp_path):
 
 
 def test_phases_stack_to_the_step_time():
-    timing = {"schedule": 0.01, "first_gradient": 0.05, "wait_for_n": 0.02, "apply": 0.01}
+    timing = {"dispatch": 0.01, "steps": 0.08}
     x, stacks = phase_series([record(0, 0.1, timing=timing), record(1, 0.08, timing=timing)])
-    assert x == [0, 1] and list(stacks) == ["schedule", "first_gradient", "wait_for_n", "apply", "other"]
+    assert x == [0, 1] and list(stacks) == ["dispatch", "steps", "other"]
     assert [round(sum(s[i] for s in stacks.values()), 6) for i in range(2)] == [100.0, 90.0]  # ms; never below the phases
     assert round(stacks["other"][0], 6) == 10.0 and stacks["other"][1] == 0.0
 
