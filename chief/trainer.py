@@ -3,7 +3,7 @@
 run = TrainingRun.start(...)                   # job, engine, control-plane agent, restore, banner
 step = run.first_step
 while step < train.steps:
-    count = block_length(step, train, first)   # up to steps_per_execution, never past a checkpoint or eval
+    count = block_length(step, train, first)   # up to steps_per_execution and ~2 s, never past a checkpoint or eval
     results = engine.run(step, count)          # synchronous updates, N gradients each, one dispatch
     run.record(step, results)                  # metrics.jsonl (a line per step), progress, heartbeat report
     step += len(results)
@@ -76,11 +76,18 @@ class StartupClock:
         return ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in self.phases.items())
 
 
-def block_length(step: int, train: TrainConfig, first_step: int) -> int:
+BLOCK_SECONDS = 2.0  # a block of slow steps is cut to about this long, so progress and metrics keep coming
+
+
+def block_length(step: int, train: TrainConfig, first_step: int, step_seconds: float | None = None) -> int:
     """How many steps to run from `step` in one dispatch: `steps_per_execution`, cut short so that a
-    block ends at every checkpoint and evaluation step and at the last step. A run's first block is
-    one step: it traces and warms up every function, and the first step's line comes at once."""
-    end = min(step + (1 if step == first_step else train.steps_per_execution), train.steps)
+    block ends at every checkpoint and evaluation step and at the last step, and (given the last
+    block's `step_seconds`) lasts about `BLOCK_SECONDS` at most. A run's first block is one step: it
+    traces and warms up every function, and the first step's line comes at once."""
+    most = train.steps_per_execution
+    if step_seconds:
+        most = min(most, max(1, int(BLOCK_SECONDS / step_seconds)))
+    end = min(step + (1 if step == first_step else most), train.steps)
     for every in (train.checkpoint_every, train.eval_every):
         if every:
             end = min(end, (step // every + 1) * every)
@@ -274,11 +281,14 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
     """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
     with StopTrap() as stop:
         run = TrainingRun.start(run_dir, train, standalone, stop)
-        step = run.first_step
+        step, step_seconds = run.first_step, None
         while step < train.steps:
             t0 = time.monotonic()
-            results = run.engine.run(step, block_length(step, train, run.first_step), interrupted=lambda: stop.requested)
-            run.record(step, results, time.monotonic() - t0)
+            count = block_length(step, train, run.first_step, step_seconds)
+            results = run.engine.run(step, count, interrupted=lambda: stop.requested)
+            seconds = time.monotonic() - t0
+            run.record(step, results, seconds)
+            step_seconds = seconds / max(len(results), 1)
             step += len(results)
             run.maybe_checkpoint(step)
             run.maybe_evaluate(step)

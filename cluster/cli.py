@@ -35,7 +35,7 @@ TRAIN_FLAGS = (
     ("--eval-every", int, "evaluate on the job's eval_data every K steps (0: only at the end)"),
     ("--startup-timeout", float, "seconds to wait for every TF server to accept connections"),
     ("--shuffle", str, "data order: permutation (default) or index_shuffle (stateless, for very large data sets)"),
-    ("--steps-per-execution", int, "steps each worker runs per dispatch from the chief (default 16; 1: one per step)"),
+    ("--steps-per-execution", int, "steps each worker runs per dispatch from the chief (default 64; 1: one per step)"),
     ("--on-nonfinite", str, "a NaN/Inf loss or mean gradient: stop (default: checkpoint and exit) or skip the step"),
 )
 

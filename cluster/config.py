@@ -57,7 +57,7 @@ class TrainConfig:
     run_dir: str = ""  # empty: runs/<job>-<timestamp>
     startup_timeout: float = 60.0  # seconds to wait for every TF server to accept connections
     shuffle: str = "permutation"  # data order: "permutation" (NumPy, O(N)) or "index_shuffle" (stateless, O(batch))
-    steps_per_execution: int = 16  # K: steps each closure runs per dispatch (blocks end at checkpoints and evaluations)
+    steps_per_execution: int = 64  # K: steps each closure runs per dispatch (blocks end at checkpoints and evaluations)
     on_nonfinite: str = "stop"  # a NaN/Inf loss, mean gradient or state delta: "stop" (checkpoint, exit) or "skip" the step
 
     @property
