@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -91,18 +90,21 @@ class Progress:
 
     RATE_WINDOW = 20
 
-    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout, clock: Callable[[], float] = time.monotonic):
-        self.total, self.start, self.tty, self.out, self.clock = total, start, tty, out, clock
+    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout):
+        self.total, self.start, self.tty, self.out = total, start, tty, out
         self.every = max(1, total // 20)
-        self.ends: deque[tuple[int, float]] = deque(maxlen=self.RATE_WINDOW + 1)  # (steps done, time)
+        self.recent: deque[float] = deque(maxlen=self.RATE_WINDOW)  # seconds of the last steps
 
-    def update(self, step: int, loss: float, examples_per_s: float, aggregated: int) -> None:
+    def update(self, step: int, loss: float, examples_per_s: float, aggregated: int, seconds: float) -> None:
+        """`seconds`: the step's share of its block's time. A block's steps are reported together, so the
+        rate comes from these shares, not from when the lines are written; the run's first step, which
+        traces every function, is left out of it."""
         done = step + 1
-        self.ends.append((done, self.clock()))
+        if done > self.start + 1:
+            self.recent.append(seconds)
         text = f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
-        (first, t_first), (last, t_last) = self.ends[0], self.ends[-1]
-        if last > first and t_last > t_first:
-            rate = (last - first) / (t_last - t_first)
+        if self.recent and sum(self.recent) > 0:
+            rate = len(self.recent) / sum(self.recent)
             text += f"  {rate:.1f} steps/s  ETA {format_eta((self.total - done) / rate)}"
         if self.tty:
             filled = int(30 * done / self.total)

@@ -218,7 +218,8 @@ class TrainingRun:
                     **({"reread": result.reread} if result.reread is not None else {}),
                 }
             )
-            self.progress.update(step, result.loss, self.train.global_batch_size / max(per_step, 1e-9), result.aggregated)
+            examples_per_s = self.train.global_batch_size / max(per_step, 1e-9)
+            self.progress.update(step, result.loss, examples_per_s, result.aggregated, per_step)
             for worker in result.workers:
                 self.gradients_by_worker[worker] = self.gradients_by_worker.get(worker, 0) + 1
         if self.agent and results:

@@ -72,22 +72,30 @@ def test_a_bar_is_shown_as_soon_as_it_arrives():
 
 
 def test_progress_lines_carry_rate_and_eta():
-    clock = iter([0.0, 1.0, 2.0, 3.0, 4.0]).__next__
     out = io.StringIO()
-    progress = Progress(total=40, start=0, tty=False, out=out, clock=clock)
+    progress = Progress(total=40, start=0, tty=False, out=out)
     for step in range(4):
-        progress.update(step, 1.0, 640.0, 2)
+        progress.update(step, 1.0, 640.0, 2, seconds=5.0 if step == 0 else 1.0)
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("step 1/40 ") and "ETA" not in lines[0]  # no rate after one step
+    assert lines[0].startswith("step 1/40 ") and "ETA" not in lines[0]  # the first step (tracing) is no rate
     assert lines[-1] == "step 4/40  loss 1.0000  aggregated 2  640 examples/s  1.0 steps/s  ETA 0:36"
 
 
-def test_tty_bar_redraws_one_line():
-    clock = iter([0.0, 0.5, 1.0]).__next__
+def test_a_block_reported_at_once_shows_its_steps_rate():
+    """A block's 64 lines are written within a millisecond: the rate is its steps' time, not the clock's."""
     out = io.StringIO()
-    progress = Progress(total=2, start=0, tty=True, out=out, clock=clock)
-    progress.update(0, 1.0, 100.0, 2)
-    progress.update(1, 0.5, 100.0, 2)
+    progress = Progress(total=200, start=0, tty=False, out=out)
+    progress.update(0, 1.0, 100.0, 2, seconds=0.8)
+    for step in range(1, 65):
+        progress.update(step, 1.0, 12800.0, 2, seconds=0.01)
+    assert out.getvalue().splitlines()[-1].endswith("12,800 examples/s  100.0 steps/s  ETA 0:01")
+
+
+def test_tty_bar_redraws_one_line():
+    out = io.StringIO()
+    progress = Progress(total=2, start=0, tty=True, out=out)
+    progress.update(0, 1.0, 100.0, 2, seconds=0.5)
+    progress.update(1, 0.5, 100.0, 2, seconds=0.5)
     text = out.getvalue()
     assert text.startswith("\r[") and text.count("\r[") == 2 and text.endswith("ETA 0:00\x1b[K\n")
     assert all(for_console(part) for part in text.strip("\n").split("\r") if part)
