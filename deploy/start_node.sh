@@ -5,5 +5,4 @@
 # Sets up .venv on first use; every argument goes to `pstrain node`.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
-cd "$PSTRAIN_ROOT"
 exec pstrain node "$@"

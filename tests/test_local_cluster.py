@@ -149,6 +149,16 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     assert_no_orphans(second)
 
 
+def test_start_local_sh_runs_a_job_from_the_users_directory(tmp_path):
+    """A user's job next to them, and a relative run dir, from any working directory."""
+    (tmp_path / "myjob.py").write_text("from chief.jobs.digits import *  # noqa: F403\n")
+    argv = [str(ROOT / "deploy" / "start_local.sh"), "--job", "myjob", "--steps", "5", "--run-dir", "runs/mine"]
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps, done = metrics(tmp_path / "runs" / "mine")
+    assert len(steps) == 5 and done is not None
+
+
 def test_readme_command_start_local_sh(tmp_path):
     """The README's first command, as a user types it (the environment is already set up)."""
     run_dir = tmp_path / "run"
