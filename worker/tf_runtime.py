@@ -30,8 +30,8 @@ class Runtime:
     """What a server uses of TensorFlow, as `tf.train.ClusterSpec`, `tf.distribute.Server`,
     `tf.config.list_physical_devices` and `tf.config.experimental.get_memory_info`."""
 
-    ClusterSpec: Any  # noqa: N815 - TF's names
-    Server: Any  # noqa: N815
+    ClusterSpec: Any  # TF's names
+    Server: Any
     list_physical_devices: Any
     get_memory_info: Any
     lean: bool  # False where the full `import tensorflow` ran (already imported, or the lean path failed)
@@ -45,7 +45,7 @@ def load() -> Runtime:
         except (ImportError, AttributeError) as e:  # a TF whose internals moved: the full import still serves
             # Only the bare package goes: its submodules stay imported (TF's extensions cannot load twice),
             # and the real tensorflow/__init__.py reuses them.
-            del sys.modules["tensorflow"]
+            sys.modules.pop("tensorflow", None)
             log.info("lean TensorFlow import failed (%s); importing all of it", e)
     import tensorflow as tf
 
