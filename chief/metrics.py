@@ -103,8 +103,8 @@ class Progress:
         if done > self.start + 1:
             self.recent.append(seconds)
         text = f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
-        if self.recent and sum(self.recent) > 0:
-            rate = len(self.recent) / sum(self.recent)
+        if (seconds_total := sum(self.recent)) > 0:
+            rate = len(self.recent) / seconds_total
             text += f"  {rate:.1f} steps/s  ETA {format_eta((self.total - done) / rate)}"
         if self.tty:
             filled = int(30 * done / self.total)

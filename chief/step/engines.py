@@ -81,9 +81,14 @@ def apply_widths(slots: int, values: int) -> tuple[int, ...]:
 def unpack_applied(packed: np.ndarray, widths: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """The apply's [steps, sum(widths)] float64 result as (losses, chosen, workers, late, finite, proceeded)."""
     losses, chosen, workers, late, finite, proceeded = np.split(packed, np.cumsum(widths)[:-1], axis=1)
-    losses, late, proceeded = losses[:, 0], late[:, 0], proceeded[:, 0]  # one value per step
-    as_bool, as_int = (lambda a: a.astype(bool)), (lambda a: a.astype(np.int64))
-    return losses.astype(np.float32), as_bool(chosen), as_int(workers), as_int(late), as_bool(finite), as_bool(proceeded)
+    return (
+        losses[:, 0].astype(np.float32),
+        chosen.astype(bool),
+        workers.astype(np.int64),
+        late[:, 0].astype(np.int64),
+        finite.astype(bool),
+        proceeded[:, 0].astype(bool),
+    )
 
 
 def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
