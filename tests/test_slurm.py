@@ -22,7 +22,16 @@ from cluster.launch.ports import free_port
 from cluster.launch.slurm_node import slurm_config
 from cluster.render.slurm import SRUN, SlurmOptions, render_sbatch
 from cluster.slurm import assigned_gpus, expand_hostlist, expand_tasks_per_node, slurm_node
-from tests.helpers import Result, alive, assert_no_orphans, descendant_pids, metrics, predictions, run_pstrain
+from tests.helpers import (
+    Result,
+    alive,
+    assert_both_workers_each_step,
+    assert_no_orphans,
+    descendant_pids,
+    metrics,
+    predictions,
+    run_pstrain,
+)
 from tests.netns import can_create_namespaces, lan
 
 
@@ -249,7 +258,7 @@ def test_slurm_end_to_end_on_two_namespaces(tmp_path):
     assert not any(h.namespace in after for h in hosts.values()), "the test removes its namespaces"
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(20)) and done is not None
-    assert all(r["aggregated"] == 2 and r["workers"] == [0, 1] for r in records), "both nodes' workers in every step"
+    assert_both_workers_each_step(records)  # both nodes' workers
     assert "running worker-1 at pstnode10:2226" in outputs[1]
     assert "registered with the control plane at pstnode9:2223" in (run_dir / "logs" / "worker-1.log").read_text()
 

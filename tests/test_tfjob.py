@@ -31,7 +31,17 @@ from cluster.render.tfjob import TFJobOptions, render_tfjob
 from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config
 from cluster.versions import local_versions
 from tests import tfjob_operator as operator
-from tests.helpers import Result, alive, assert_no_orphans, descendant_pids, metrics, predictions, run_pstrain, step_lines
+from tests.helpers import (
+    Result,
+    alive,
+    assert_both_workers_each_step,
+    assert_no_orphans,
+    descendant_pids,
+    metrics,
+    predictions,
+    run_pstrain,
+    step_lines,
+)
 from tests.netns import can_create_namespaces, lan
 
 CONFIG = """\
@@ -371,7 +381,7 @@ def test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart(tmp_path):
     ), "the test removes its namespaces"
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(60)) and done is not None
-    assert all(r["aggregated"] == 2 and r["workers"] == [0, 1] for r in records), "both worker pods in every step"
+    assert_both_workers_each_step(records, starts=2)  # both worker pods; the chief pod started twice
     assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text()
     for pod in ("ps-0", "worker-0", "worker-1"):
         assert "registered with the control plane at demo-chief-0.ml.svc:2229" in outputs[pod]

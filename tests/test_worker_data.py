@@ -17,7 +17,16 @@ import psutil
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain, step_lines, task_pid
+from tests.helpers import (
+    assert_both_workers_each_step,
+    assert_no_orphans,
+    kill_task_when,
+    metrics,
+    predictions,
+    run_pstrain,
+    step_lines,
+    task_pid,
+)
 from tests.jobs.data_jobs import FILE_INPUTS, write_example_files
 
 pytestmark = pytest.mark.cluster
@@ -93,7 +102,8 @@ def resumed_cluster_and_standalone(tmp_path, args: list[str], stop: int, steps: 
     alone = run_pstrain(["train", "--standalone", *args, "--run-dir", str(reference), "--steps", str(steps)], env=env)
     assert alone.returncode == 0, alone.output
     records = metrics(run_dir)[0]
-    assert [r["step"] for r in records] == list(range(steps)) and all(len(r["workers"]) == 2 for r in records)
+    assert [r["step"] for r in records] == list(range(steps))
+    assert_both_workers_each_step(records, starts=2)
     assert_no_orphans(second)
     return run_dir, reference
 
