@@ -5,7 +5,8 @@ metrics=..., weighted_metrics=...)` was called. The model is built once here, wi
 run (no memory for its values), to read them; what the job defines itself takes precedence. The
 chief builds its models more than once (training state, checkpoint mirror, each check), so nothing
 compile made is shared: the optimizer is recreated from its class and config for every build, the
-metrics are cloned for every evaluation.
+metrics are cloned for every evaluation. A model whose class overrides Keras's step methods is refused:
+pstrain runs its own step and evaluation, so the override would be silently skipped.
 """
 
 from __future__ import annotations
@@ -78,13 +79,34 @@ def checked_optimizer_fn(spec: str, optimizer_fn: Callable[[], Any]) -> Callable
     return optimizer_fn
 
 
-def read_compiled(model_fn: Callable[[], Any]) -> Any | None:
-    """The model's compile settings (the model itself, built without values), or None if not compiled."""
+# Keras's step methods, which `fit` and `evaluate` call and pstrain does not: it computes the loss
+# (chief/step/losses.py, plus `model.losses`), applies the gradients and evaluates itself.
+STEP_METHODS = ("train_step", "compute_loss", "test_step", "compute_metrics")
+
+
+def built_model(model_fn: Callable[[], Any]) -> Any:
+    """`model_fn()`, with no initializer run (no memory for its values)."""
     from chief.state.initial_values import unfilled_initializers
 
     with unfilled_initializers():
-        model = model_fn()
-    return model if getattr(model, "_is_compiled", False) else None
+        return model_fn()
+
+
+def refuse_custom_steps(spec: str, model: Any) -> None:
+    """Raise JobError if the model's class overrides one of Keras's `STEP_METHODS`: pstrain would
+    train and evaluate without it, a model other than the one the job describes."""
+    import tf_keras
+
+    if not isinstance(model, tf_keras.Model):
+        return
+    cls = type(model)
+    found = [name for name in STEP_METHODS if getattr(cls, name, None) is not getattr(tf_keras.Model, name)]
+    if found:
+        raise JobError(
+            f"--job {spec}: model_fn()'s {cls.__name__} overrides {' and '.join(found)}, which pstrain does not run "
+            "(it runs its own synchronous step); put extra loss terms in loss_fn or self.add_loss() in call(), "
+            "extra metrics in metrics_fn"
+        )
 
 
 def job_parts(spec: str, target: Any) -> dict[str, Any]:
@@ -96,9 +118,9 @@ def job_parts(spec: str, target: Any) -> dict[str, Any]:
     for name, value, returns in (("optimizer_fn", optimizer_fn, "optimizer"), ("metrics_fn", metrics_fn, "list of metrics")):
         if value is not None and not callable(value):
             raise JobError(f"--job {spec}: {name}: found {_found(value)}; define a function returning a fresh {returns}")
-    compiled = None
-    if loss_fn is None or optimizer_fn is None or metrics_fn is None:
-        compiled = read_compiled(target.model_fn)
+    model = built_model(target.model_fn)
+    refuse_custom_steps(spec, model)
+    compiled = model if getattr(model, "_is_compiled", False) else None
     parts: dict[str, Any] = {"loss_name": "loss_fn", "compiled_metrics": None, "metrics_fn": metrics_fn}
     if loss_fn is None and compiled is not None and compiled.compiled_loss is not None:
         loss_fn = compiled.compiled_loss._user_losses

@@ -67,6 +67,8 @@ REFUSED = [
     ("BadLossWeights", "--job tests.jobs.compiled:BadLossWeights: loss_weights: found str 'half'; give a number"),
     ("OptimizerObject", "--job tests.jobs.compiled:OptimizerObject: optimizer_fn: found a SGD object; define a function"),
     ("SharedOptimizer", "--job tests.jobs.compiled:SharedOptimizer: optimizer_fn() returns the same optimizer at each call"),
+    ("CustomTrainStep", "--job tests.jobs.compiled:CustomTrainStep: model_fn()'s Penalized overrides train_step, which pstrain"),
+    ("CustomComputeLoss", "--job tests.jobs.compiled:CustomComputeLoss: model_fn()'s PenalizedLoss overrides compute_loss,"),
 ]
 
 
@@ -84,6 +86,17 @@ def test_a_loss_for_an_output_that_does_not_exist_is_refused_in_one_line(tmp_pat
         ["train", "--standalone", "--job", "tests.jobs.compiled:WrongOutputName", "--run-dir", str(tmp_path / "r")], timeout=120
     )
     assert_one_line_error(result, "loss_fn: no output named 'sise'; the model's outputs are ['kind', 'size']")
+
+
+@pytest.mark.cluster
+def test_a_model_with_its_own_train_step_is_refused_before_training(tmp_path):
+    """pstrain runs its own step: a train_step of the job's would be skipped, a silently different model."""
+    result = run_pstrain(
+        ["train", "--standalone", "--job", "tests.jobs.compiled:CustomTrainStep", "--run-dir", str(tmp_path / "r")], timeout=120
+    )
+    job = "--job tests.jobs.compiled:CustomTrainStep"
+    assert_one_line_error(result, f"{job}: model_fn()'s Penalized overrides train_step, which pstrain does not run")
+    assert not (tmp_path / "r" / "metrics.jsonl").exists(), "refused before the first step"
 
 
 def serve(run_dir, features) -> dict[str, np.ndarray]:

@@ -4,6 +4,7 @@ per-output losses, and jobs that give a piece in a form pstrain does not take.""
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 import tf_keras
 
 
@@ -111,3 +112,49 @@ class SharedOptimizer(Uncompiled):
 
 class WrongOutputName(Uncompiled):
     loss_fn = {"kind": LOSSES["kind"], "sise": "mse"}
+
+
+class Penalized(tf_keras.Model):
+    """A subclassed model with its own train_step (an extra penalty on the outputs), as Keras's guide writes one."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = tf_keras.layers.Dense(8, activation="tanh")
+        self.kind, self.size = tf_keras.layers.Dense(3, name="kind"), tf_keras.layers.Dense(1, name="size")
+
+    def call(self, x):
+        hidden = self.hidden(x)
+        return {"kind": self.kind(hidden), "size": self.size(hidden)}
+
+    def train_step(self, data):
+        x, y = data[:2]
+        with tf.GradientTape() as tape:
+            outputs = self(x, training=True)
+            loss = self.compiled_loss(y, outputs) + 0.1 * tf.reduce_mean(tf.square(outputs["size"]))
+        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        return {"loss": loss}
+
+
+class PenalizedLoss(Penalized):
+    """The same penalty through compute_loss, which Keras's train_step calls."""
+
+    train_step = tf_keras.Model.train_step
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        return super().compute_loss(x, y, y_pred, sample_weight) + 0.1 * tf.reduce_mean(tf.square(y_pred["size"]))
+
+
+class CustomTrainStep(Compiled):
+    @staticmethod
+    def model_fn() -> tf_keras.Model:
+        model = Penalized()
+        model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss=LOSSES)
+        return model
+
+
+class CustomComputeLoss(Compiled):
+    @staticmethod
+    def model_fn() -> tf_keras.Model:
+        model = PenalizedLoss()
+        model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss=LOSSES)
+        return model
