@@ -21,6 +21,7 @@ from chief.data.eval_set import eval_set
 from chief.data.sources import train_source
 from chief.evaluate import evaluate
 from chief.job import checked_arrays, load_job, rows
+from chief.state.model_state import finalize_layers
 from cluster.errors import TrainingError
 from cluster.rundir import RunDir
 
@@ -66,6 +67,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
                     checkpoint.restore(path).expect_partial()
                 except (tf.errors.NotFoundError, tf.errors.DataLossError):
                     continue  # rotated away (max_to_keep) between listing and reading
+                finalize_layers(model)
                 seen.add(step)
                 scores = evaluate(job, model, data)
                 out.write(json.dumps({"event": "eval", "step": step, **scores}) + "\n")

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.job import Job
-from chief.state.model_state import ModelState, mirror_state
+from chief.state.model_state import ModelState, finalize_layers, mirror_state
 from chief.state.sharding import copy_rows, shard_groups
 from cluster.errors import TrainingError, writing
 
@@ -138,6 +138,9 @@ class Checkpoints:
             self._forget(damaged, prefixes)
             for shards, full in self.pairs:
                 copy_rows([full], shards)
+            # The mirror's layers recompute what they derive from their weights. The live model's came from
+            # the same model_fn on the same data (a Normalization's adapt), so they hold already.
+            finalize_layers(mirror.model)
             step = int(self.live.global_step.numpy())
             if damaged:
                 self.say(f"pstrain: warning: resuming from {prefix} at step {step}")
@@ -166,9 +169,10 @@ class Checkpoints:
 
     def sync(self) -> None:
         """Copy the training state (between steps) into the local mirror."""
-        self._ensure_mirror()
+        mirror, _ = self._ensure_mirror()
         for shards, full in self.pairs:
             copy_rows(shards, [full])
+        finalize_layers(mirror.model)
 
     def model(self) -> tf_keras.Model:
         """The model as of the last save, restore or sync (synced now if there was none yet): what

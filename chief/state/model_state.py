@@ -68,6 +68,14 @@ def mirror_state(job: Job, sample) -> ModelState:
     return ModelState(model=model, optimizer=optimizer, global_step=global_step)
 
 
+def finalize_layers(model: tf_keras.Model) -> None:
+    """Let every layer recompute what it derives from its weights, as Keras's `set_weights` and
+    `load_weights` do (`Layer.finalize_state`): Normalization keeps its mean and variance as tensors
+    read from its variables, which a checkpoint restore or a copy into the variables leaves stale."""
+    for layer in model._flatten_layers():
+        layer.finalize_state()
+
+
 def create_optimizer_slots(optimizer, variables) -> None:
     """Create slot variables now, so a checkpoint restores into them and they live with the variables."""
     if hasattr(optimizer, "_create_all_weights"):  # tf_keras.optimizers.legacy.*

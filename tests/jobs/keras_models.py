@@ -20,7 +20,7 @@ def mixed_data(n: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np
     extra = rng.normal(size=(n, 4)).astype(np.float32)
     labels = ((image.mean(axis=(1, 2, 3)) * 8 + extra[:, 0]) > 0).astype(np.int32) + 2 * (extra[:, 1] > 0).astype(np.int32)
     weights = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
-    return {"image": image, "extra": extra}, labels, weights
+    return {"image": image, "extra": 3.0 * extra + 5.0}, labels, weights  # extra: for a Normalization to adapt to
 
 
 class Mixed:
@@ -36,7 +36,11 @@ class Mixed:
         x = tf_keras.layers.BatchNormalization(momentum=0.9)(x)
         x = tf_keras.layers.ReLU()(x)
         x = tf_keras.layers.GlobalAveragePooling2D()(x)
-        x = tf_keras.layers.Concatenate()([x, extra])
+        # Adapted to the training data when the model is built: its mean and variance are tensors the
+        # layer derives from its variables, which the chief's copy for evaluation and export must re-derive.
+        norm = tf_keras.layers.Normalization(name="extra_norm")
+        norm.adapt(mixed_data(256, 0)[0]["extra"])
+        x = tf_keras.layers.Concatenate()([x, norm(extra)])
         x = tf_keras.layers.Dense(16, activation="relu", kernel_regularizer=tf_keras.regularizers.l2(cls.L2))(x)
         x = tf_keras.layers.Dropout(0.3)(x)
         return tf_keras.Model({"image": image, "extra": extra}, tf_keras.layers.Dense(4)(x))
