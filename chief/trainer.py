@@ -33,6 +33,7 @@ from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.state.checkpoints import Checkpoints, remove_partial_saves
+from chief.state.model_state import variables_of
 from chief.state.sharding import placement_summary
 from chief.step.engines import ClusterEngine, Engine, LocalEngine, StepResult
 from cluster.config import TrainConfig
@@ -145,7 +146,7 @@ class TrainingRun:
         startup.mark("connect and build and check the job")
         agent = None if standalone else start_agent(stop)
         if not standalone:
-            log.info("placement: %s", placement_summary(engine.state.model.weights))
+            log.info("placement: %s", placement_summary(variables_of(engine.state.model.weights)))
         checkpoints = Checkpoints(engine.state, job, sample, RunDir(run_dir).checkpoints, local=standalone)
         first = checkpoints.restore_latest()
         if first:

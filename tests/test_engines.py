@@ -14,6 +14,7 @@ from chief.data.sources import train_source
 from chief.job import Job, first_rows, load_job
 from chief.jobs import recommender
 from chief.optimizers import LazyAdam
+from chief.state.model_state import variables_of
 from chief.state.sharding import read_full, shard_groups
 from chief.step.engines import ClusterEngine, LocalEngine, apply_widths, unpack_applied
 from cluster.config import TrainConfig
@@ -52,9 +53,14 @@ def run_both(resolver, job, steps: int, train: TrainConfig, run_dir, per_block: 
     return cluster, local, results
 
 
+def values(engine) -> list[np.ndarray]:
+    """The values of a local engine's model variables."""
+    return [v.numpy() for v in variables_of(engine.state.model.weights)]
+
+
 def full_weights(engine, like: list[np.ndarray]) -> list[np.ndarray]:
-    """The cluster model's weights read from the ps, shards joined to the shapes of `like`."""
-    live = engine.state.model.weights
+    """The cluster model's variables read from the ps, shards joined to the shapes of `like`."""
+    live = variables_of(engine.state.model.weights)
     groups = shard_groups([v.shape for v in live], [w.shape for w in like])
     return [read_full([live[i] for i in group]).numpy() for group in groups]
 
@@ -69,7 +75,7 @@ def test_sparse_tables_train_as_standalone_with_every_optimizer(in_process_clust
     assert any("/part_1" in v.name for v in cluster.state.model.weights), "the user table is sharded over both ps"
     assert (sum(local.sparse), sum(cluster.sparse)) == (5, 6), "every table (each shard of one) is row-sparse, the MLP dense"
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6)
-    reference = local.state.model.get_weights()
+    reference = values(local)
     for got, want in zip(full_weights(cluster, reference), reference, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -124,7 +130,7 @@ def test_batchnorm_after_a_sharded_frozen_table_trains_as_standalone(in_process_
     captured = [v.name.split(":")[0].rsplit("/", 1)[-1] for v in cluster.replica.state_variables]
     assert captured == ["moving_mean", "moving_variance"]
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-4)
-    reference = local.state.model.get_weights()
+    reference = values(local)
     bn = local.state.model.layers[3]
     assert np.abs(bn.moving_mean.numpy()).max() > 0.05 and np.abs(bn.moving_variance.numpy() - 1).max() > 0.05, "state moved"
     for got, want in zip(full_weights(cluster, reference), reference, strict=True):
@@ -142,7 +148,7 @@ def test_text_features_through_lookup_layers_train_as_standalone(in_process_clus
     cluster, local, results = run_both(in_process_cluster, job, 8, train, tmp_path, per_block=8)
     np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-5)
     assert results[-1][1].loss < results[0][1].loss, "it learns"
-    reference = local.state.model.get_weights()
+    reference = values(local)
     for got, want in zip(full_weights(cluster, reference), reference, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -210,7 +216,7 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster,
     cluster = ClusterEngine(job, train, source, sample, resolver=in_process_cluster)
     cluster.prepare(0)
     local = LocalEngine(job, train, source, sample)
-    before = local.state.model.get_weights()
+    before = values(local)
     for engine in (cluster, local):
         results = engine.run(0, 4)
         assert np.isfinite(results[0].loss) and not results[0].applied, "a finite loss, a withheld step"
@@ -220,7 +226,7 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster,
     cluster.close()
     for got, want in zip(full_weights(cluster, before), before, strict=True):
         np.testing.assert_array_equal(got, want)  # every step was withheld: the weights never moved
-    for got in local.state.model.get_weights():
+    for got in values(local):
         assert np.all(np.isfinite(got))
 
 
@@ -235,7 +241,7 @@ def test_blocks_of_any_length_give_the_same_model(in_process_cluster, tmp_path):
     for (_, _, results), per_block in ((ones, 1), (fours, 4)):
         np.testing.assert_allclose([c.loss for c, _ in results], [s.loss for _, s in results], atol=1e-6, err_msg=str(per_block))
     assert fours[0]._worker_fn.experimental_get_tracing_count() == train.total_num_replicas
-    reference = ones[1].state.model.get_weights()
+    reference = values(ones[1])
     for cluster in (ones[0], fours[0]):
         for got, want in zip(full_weights(cluster, reference), reference, strict=True):
             np.testing.assert_allclose(got, want, atol=1e-5)
@@ -295,8 +301,8 @@ def test_a_long_run_equals_standalone_bit_for_bit(in_process_cluster, tmp_path):
     cluster, local, results = run_both(in_process_cluster, job, steps, train, tmp_path, per_block=16)
     assert [c.loss for c, _ in results] == [s.loss for _, s in results]
     assert results[-1][1].loss < 0.5 * results[0][1].loss, "it learns"
-    reference = local.state.model.get_weights()
-    for got, want, variable in zip(full_weights(cluster, reference), reference, local.state.model.weights, strict=True):
+    reference, variables = values(local), variables_of(local.state.model.weights)
+    for got, want, variable in zip(full_weights(cluster, reference), reference, variables, strict=True):
         assert np.array_equal(got, want), f"{variable.name}: differs by up to {np.abs(got - want).max():g}"
 
 

@@ -126,7 +126,7 @@ def test_l2_regularizer_is_added_once_per_step(mixed):
     weights = initial_weights(
         Job("t", job.model_fn, job.loss_fn, job.optimizer_fn, job.train_data, None), 0, rows(eval_features(), slice(0, 1))
     )
-    kernel = [w for w in weights if w.shape == (12, 16)][0]
+    kernel = [w for w in weights if w.ndim == 2 and w.shape[1] == 16][0]  # the regularized Dense(16)
     assert with_l2 - without == pytest.approx(job.L2 * float(np.sum(kernel.astype(np.float64) ** 2)), rel=1e-4)
     features = eval_features()
     assert np.abs(predictions(mixed["standalone"], features) - predictions(mixed["no_l2"], features)).max() > 1e-3

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.job import Job
-from chief.state.model_state import ModelState, finalize_layers, mirror_state
+from chief.state.model_state import ModelState, finalize_layers, mirror_state, variables_of
 from chief.state.sharding import copy_rows, shard_groups
 from cluster.errors import TrainingError, writing
 
@@ -80,7 +80,7 @@ def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
     optimizer = state.optimizer.variables
     optimizer = [shard for v in (optimizer() if callable(optimizer) else optimizer) for shard in getattr(v, "variables", [v])]
-    return [*state.model.weights, *optimizer, state.global_step]
+    return [*variables_of(state.model.weights), *optimizer, state.global_step]
 
 
 class Checkpoints:

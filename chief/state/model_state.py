@@ -68,6 +68,15 @@ def mirror_state(job: Job, sample) -> ModelState:
     return ModelState(model=model, optimizer=optimizer, global_step=global_step)
 
 
+def variables_of(weights) -> list[tf.Variable]:
+    """The variables among a model's `weights` (or `non_trainable_weights`): a lookup layer adapted to
+    its data also lists its vocabulary there, a weight handler that a checkpoint saves with the model
+    but that is no variable (its table is built from the same data in every copy of the model)."""
+    from tf_keras.src.engine.base_layer_utils import TrackableWeightHandler
+
+    return [w for w in weights if not isinstance(w, TrackableWeightHandler)]
+
+
 def finalize_layers(model: tf_keras.Model) -> None:
     """Let every layer recompute what it derives from its weights, as Keras's `set_weights` and
     `load_weights` do (`Layer.finalize_state`): Normalization keeps its mean and variance as tensors

@@ -62,8 +62,9 @@ def copy_rows(sources: Sequence[tf.Variable], targets: Sequence[tf.Variable], ch
     rows (shards into one full-size variable, or back). Chunks of at most `chunk_bytes` are gathered
     where their source lives and scattered where their target lives, so no full-size value exists
     anywhere in between. (A dense write of part of a variable would read all of it first.)"""
-    if len(sources) == 1 and len(targets) == 1 and _bytes(sources[0]) <= chunk_bytes:
-        targets[0].assign(sources[0].read_value())  # small or scalar: in one piece
+    whole = len(sources) == 1 and len(targets) == 1
+    if whole and (not sources[0].shape.is_fully_defined() or _bytes(sources[0]) <= chunk_bytes):
+        targets[0].assign(sources[0].read_value())  # small, scalar, or of a shape known only when run: in one piece
         return
     row_bytes = max(1, _bytes(sources[0]) // max(1, sources[0].shape[0]))
     step = max(1, chunk_bytes // row_bytes)
@@ -99,7 +100,7 @@ def placement_summary(variables: Sequence[tf.Variable]) -> str:
         task = _task(v.device)
         count_bytes = per_task.setdefault(task, [0, 0])
         count_bytes[0] += 1
-        count_bytes[1] += v.shape.num_elements() * v.dtype.size
+        count_bytes[1] += (v.shape.num_elements() or 0) * v.dtype.size  # 0: a shape known only when run
         if "/part_" in v.name:
             name = v.name.split("/part_")[0]
             parts[name] = parts.get(name, 0) + 1

@@ -24,7 +24,7 @@ from chief.data.readahead import ReadAhead, request_tag, schedule_order
 from chief.data.sources import Source, explain_worker_error
 from chief.job import Job, job_file
 from chief.state.initial_values import PS_INIT_MIN_BYTES
-from chief.state.model_state import ModelState, allow_loss_scaling_under_ps, build_state
+from chief.state.model_state import ModelState, allow_loss_scaling_under_ps, build_state, variables_of
 from chief.state.sharding import partitioner
 from chief.step.aggregator import SyncReplicasAggregator
 from chief.step.clipping import apply_clipped
@@ -316,7 +316,7 @@ class ClusterEngine:
         self._worker_fn = self._build_worker_fn()
         self._apply_fn = self._build_apply_fn()
         self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
-        one_ps = len({v.device for v in self.state.model.weights} | {device}) == 1
+        one_ps = len({v.device for v in variables_of(self.state.model.weights)} | {device}) == 1
         self._apply_device = device if one_ps else None
         self._warm = False
 
@@ -490,7 +490,7 @@ class ClusterEngine:
         read the smallest variable on each ps; if one fails (or hangs for 30 s), an UnavailableError
         naming that ps (the chief then restarts and resumes from its checkpoint), else `error` itself."""
         smallest: dict[str, tf.Variable] = {}
-        for variable in [self.state.global_step, *self.state.model.weights]:
+        for variable in [self.state.global_step, *variables_of(self.state.model.weights)]:
             kept = smallest.get(variable.device)
             if kept is None or variable.shape.num_elements() < kept.shape.num_elements():
                 smallest[variable.device] = variable

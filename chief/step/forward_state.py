@@ -85,7 +85,8 @@ class Captured:
 
     def deltas(self) -> list[tf.Tensor]:
         """One delta per watched variable, in their order (zeros for a variable this pass left alone)."""
-        return [self._delta.get(id(v), tf.zeros(v.shape, v.dtype.base_dtype)) for v in self.variables]
+        # tf.shape: a variable's static shape may be partly unknown (TextVectorization's idf_weights).
+        return [self._delta.get(id(v), tf.zeros(tf.shape(v), v.dtype.base_dtype)) for v in self.variables]
 
 
 @contextlib.contextmanager

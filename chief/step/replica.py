@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.job import Job, JobError, as_written
+from chief.state.model_state import variables_of
 from chief.step.clipping import refuse_whole_variable_features
 from chief.step.forward_state import capture_assigns, layer_of, unsupported_ops
 from chief.step.gradients import replica_gradients
@@ -79,7 +80,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
 def assigned_state_variables(model: tf_keras.Model, positions: tuple[int, ...], shapes: tuple) -> tuple:
     """The model's non-trainable variables at `positions` (found by `inspect_job`, with their
     `shapes`); a state variable sharded across ps tasks is refused."""
-    weights = model.non_trainable_weights
+    weights = variables_of(model.non_trainable_weights)
     found = tuple(weights[i] for i in positions if i < len(weights))
     if [tuple(v.shape) for v in found] != list(shapes) or any("/part_" in v.name for v in found):
         raise JobError(
@@ -108,13 +109,13 @@ def inspect_job(
     job: Job, train: TrainConfig, batch: tuple, model: tf_keras.Model, sparse: tuple[bool, ...] | None = None
 ) -> tuple[tuple[int, ...], tuple]:
     """Check the job on its first slot's `batch` with the engine's `model` at its initial weights
-    (read where they live; nothing is written); returns the positions in `model.non_trainable_weights`
+    (read where they live; nothing is written); returns the positions in `variables_of(model.non_trainable_weights)`
     of the variables its forward pass assigns, and their shapes. `sparse`: the row-sparse trainable
     variables (chief/step/gradients.py), whose gradients stay row slices here too (a dense gradient of a
     table would be table-sized). Raises JobError (one line) for a contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
     refuse_whole_variable_features(optimizer, model.trainable_variables)
-    candidates = tuple(model.non_trainable_weights)
+    candidates = tuple(variables_of(model.non_trainable_weights))
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate, sparse)
     # Functions, as in the closures: eagerly, a lookup of a table sharded over ps tasks reads all of it.
     output = run_unwrapped(tf.function(lambda features: as_written(model)(features, training=False), autograph=False), batch[0])

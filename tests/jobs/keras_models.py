@@ -20,7 +20,9 @@ def mixed_data(n: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np
     extra = rng.normal(size=(n, 4)).astype(np.float32)
     labels = ((image.mean(axis=(1, 2, 3)) * 8 + extra[:, 0]) > 0).astype(np.int32) + 2 * (extra[:, 1] > 0).astype(np.int32)
     weights = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
-    return {"image": image, "extra": 3.0 * extra + 5.0}, labels, weights  # extra: for a Normalization to adapt to
+    words = np.array([f"{'hi' if e > 0 else 'lo'} w{r}" for e, r in zip(extra[:, 1], rng.integers(0, 6, n), strict=True)])
+    # extra: for a Normalization to adapt to; words: for a TextVectorization to learn its vocabulary from
+    return {"image": image, "extra": 3.0 * extra + 5.0, "words": words}, labels, weights
 
 
 class Mixed:
@@ -30,20 +32,25 @@ class Mixed:
     def model_fn(cls) -> tf_keras.Model:
         image = tf_keras.Input((8, 8, 1), name="image")
         extra = tf_keras.Input((4,), name="extra")
+        words = tf_keras.Input((), dtype="string", name="words")
         x = tf_keras.layers.RandomFlip("horizontal")(image)  # random augmentation and noise: per (step, slot) too
         x = tf_keras.layers.GaussianNoise(0.05)(x)
         x = tf_keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)  # no bias before BN (zero gradient)
         x = tf_keras.layers.BatchNormalization(momentum=0.9)(x)
         x = tf_keras.layers.ReLU()(x)
         x = tf_keras.layers.GlobalAveragePooling2D()(x)
-        # Adapted to the training data when the model is built: its mean and variance are tensors the
-        # layer derives from its variables, which the chief's copy for evaluation and export must re-derive.
+        # Adapted to the training data when the model is built. Normalization's mean and variance are
+        # tensors the layer derives from its variables, which the chief's copy for evaluation and export
+        # must re-derive; TextVectorization's vocabulary is a weight that is no variable.
+        features = mixed_data(256, 0)[0]
         norm = tf_keras.layers.Normalization(name="extra_norm")
-        norm.adapt(mixed_data(256, 0)[0]["extra"])
-        x = tf_keras.layers.Concatenate()([x, norm(extra)])
+        norm.adapt(features["extra"])
+        vocabulary = tf_keras.layers.TextVectorization(max_tokens=12, output_mode="multi_hot", name="vocabulary")
+        vocabulary.adapt(features["words"])
+        x = tf_keras.layers.Concatenate()([x, norm(extra), vocabulary(words)])
         x = tf_keras.layers.Dense(16, activation="relu", kernel_regularizer=tf_keras.regularizers.l2(cls.L2))(x)
         x = tf_keras.layers.Dropout(0.3)(x)
-        return tf_keras.Model({"image": image, "extra": extra}, tf_keras.layers.Dense(4)(x))
+        return tf_keras.Model({"image": image, "extra": extra, "words": words}, tf_keras.layers.Dense(4)(x))
 
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
