@@ -16,10 +16,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.job import load_job
+from chief.job import JobError, load_job
 from chief.jobs import recommender
 from chief.state.initial_values import (
     RowsOnChief,
+    build_layers,
     fill_on_ps,
     full_rows_initializers,
     no_constant_folding,
@@ -205,3 +206,15 @@ def test_an_initializer_pstrain_cannot_reproduce_is_computed_on_the_chief(in_pro
     for got, want in zip(full_weights(cluster, reference), reference, strict=True):
         np.testing.assert_array_equal(got, want)
     cluster.close()
+
+
+@pytest.mark.pure
+def test_examples_that_are_batches_are_refused_naming_both_shapes():
+    """A pipeline that batches with drop_remainder=True gives examples of one shape, each a batch."""
+    model = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(2)])
+    with pytest.raises(JobError) as raised:
+        build_layers(model, np.zeros((1, 32, 8, 8, 1), np.float32))
+    assert str(raised.value).startswith(
+        "model_fn: the model takes inputs of shape [None, 8, 8, 1], but the training examples have shape [32, 8, 8, 1]"
+    )
+    build_layers(model, np.zeros((1, 8, 8, 1), np.float32))  # single examples build it

@@ -116,9 +116,50 @@ def test_dataset_source_reads_positions_and_only_random_access_datasets_qualify(
         tf.data.Dataset.range(10).filter(lambda i: i > 2),  # unknown size
         tf.data.Dataset.range(10).repeat(),  # infinite
         tf.data.Dataset.range(10).enumerate(),  # a known size, but `at` does not work on it
+        # `at` works on a shuffle, but a read by position starts a new iterator, which a reshuffle reorders.
+        tf.data.Dataset.range(10).shuffle(10, seed=3).map(lambda i: i * 2),
     ]
     assert DatasetSource.random_access(tf.data.Dataset.range(10).map(lambda i: i * 2))
     assert not any(DatasetSource.random_access(d) for d in streams)
+
+
+def digits_dataset(transform):
+    """A job's train_dataset(): digits examples through `transform`."""
+    from chief.jobs import digits
+
+    return lambda: transform(tf.data.Dataset.from_tensor_slices(digits.train_data()))
+
+
+NOT_FIXED = [  # a job's pipeline that would train on other examples in each build of it: refused in one line
+    (lambda d: d.shuffle(100), "two builds of the pipeline gave different first examples; its order must be fixed"),
+    (
+        lambda d: d.map(lambda x, y: (x + tf.random.uniform(tf.shape(x), 0, 0.1), y)),
+        "two builds of the dataset gave different examples at the same positions; they must be fixed",
+    ),
+    (lambda d: d.batch(32), "its examples differ in shape (one [32,8,8,1], another [30,8,8,1]); give single examples"),
+]
+
+
+@pytest.mark.parametrize("transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batched"])
+def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
+    from chief.data.sources import train_source
+    from chief.job import Job
+
+    job = Job("j", None, "mse", None, None, None, train_dataset=digits_dataset(transform))
+    with pytest.raises(JobError) as raised:
+        train_source(job, None, TrainConfig(job="j", global_batch_size=32, replicas_to_aggregate=2, total_num_replicas=2))
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+
+
+def test_a_seeded_shuffle_is_a_stream_whose_order_each_build_repeats():
+    from chief.data.sources import train_source
+    from chief.data.streams import StreamSource
+    from chief.job import Job
+
+    job = Job("j", None, "mse", None, None, None, train_dataset=digits_dataset(lambda d: d.shuffle(100, seed=3)))
+    source = train_source(job, None, TrainConfig(job="j", global_batch_size=32, replicas_to_aggregate=2, total_num_replicas=2))
+    assert isinstance(source, StreamSource)
+    np.testing.assert_array_equal(source.first(8)[1].numpy(), source.first(8)[1].numpy())
 
 
 class TwoSources:

@@ -16,9 +16,10 @@ closure compares with the chief's before it computes, so different data on one w
 
 from __future__ import annotations
 
+import contextlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,35 @@ def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
     return reads.batch(n).get_single_element()
 
 
+_SHAPES = re.compile(r"First element had shape (\[[^\]]*\]) and element (\d+) had shape (\[[^\]]*\])")
+
+
+@contextlib.contextmanager
+def one_shape(what: str) -> Iterator[None]:
+    """Within the block, batching examples of different shapes raises a JobError naming them: a job whose
+    pipeline batches (each example then a batch, the last one shorter) or yields ragged examples."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as e:
+        found = _SHAPES.search(e.message or "")
+        if not found:
+            raise
+        first, _, other = found.groups()
+        raise JobError(
+            f"{what}: its examples differ in shape (one {first}, another {other}); give single examples of "
+            "one shape, which pstrain batches to --global-batch-size (a .batch() in the pipeline makes each example a batch)"
+        ) from None
+
+
+def pipeline(dataset: tf.data.Dataset) -> list[tf.data.Dataset]:
+    """`dataset` and every dataset it is made from."""
+    found, todo = [], [dataset]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(found[-1]._inputs())
+    return found
+
+
 class DatasetSource(Source):
     """The job's `train_dataset()`: built on each worker from that worker's files, read by position."""
 
@@ -302,12 +332,22 @@ class DatasetSource(Source):
         if cardinality == 0:
             raise JobError(f"{what}: the dataset is empty; give at least one slot batch of examples")
         self.num_examples = cardinality
+        with one_shape(what):
+            first = self.fingerprint()
+        self._local = None  # a second build: random ops in a map draw anew in each
+        if self.fingerprint() != first:
+            raise JobError(
+                f"{what}: two builds of the dataset gave different examples at the same positions; they must be "
+                "fixed (augment in the model, whose random layers draw by (step, slot), or use tf.random.stateless_* ops)"
+            )
 
     @staticmethod
     def random_access(dataset: tf.data.Dataset) -> bool:
-        """Whether `dataset` can be read by position: a known finite size and `at` works on it (reads
-        example 0; a pipeline with TFRecordDataset, interleave, filter ... is read as a stream)."""
-        if int(dataset.cardinality().numpy()) <= 0:
+        """Whether `dataset` can be read by position: a known finite size, no shuffle, and `at` works on
+        it (reads example 0; a pipeline with TFRecordDataset, interleave, filter ... is read as a stream).
+        `at` works on a shuffle, but each read starts a new iterator, whose order a reshuffle changes:
+        a shuffled pipeline is read as a stream, made afresh (the same order, with a seed) each epoch."""
+        if int(dataset.cardinality().numpy()) <= 0 or any("Shuffle" in type(d).__name__ for d in pipeline(dataset)):
             return False
         try:
             tf.data.experimental.at(dataset, 0)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.data.sources import SAMPLES, DataError, DatasetSource, Fingerprint, check_fingerprint, digest
+from chief.data.sources import SAMPLES, DataError, DatasetSource, Fingerprint, check_fingerprint, digest, one_shape
 from chief.job import JobError
 
 Nest = Any
@@ -59,7 +59,8 @@ class StreamSource:
         self.batches_per_epoch: int | None = self._recorded()
         self.start = 0  # the first stream batch of this run: first step * M
         self.position_name = f"pstrain_stream_{uuid.uuid4().hex[:8]}"  # the workers' position tables
-        first = self.fingerprint().digest
+        with one_shape(what):
+            first = self.fingerprint().digest
         if first != self.fingerprint().digest:
             raise JobError(
                 f"{what}: two builds of the pipeline gave different first examples; its order must be fixed "

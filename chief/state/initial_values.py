@@ -213,7 +213,26 @@ def build_layers(model: tf_keras.Model, sample) -> None:
     """Create every variable of `model` (its layers build at their first call) by tracing a call on
     `sample`, not running it: eagerly, an embedding lookup of a table sharded over ps tasks reads the
     whole table to this process (TF dispatches it to the shards only in graphs)."""
+    refuse_batched_examples(model, sample)
     tf.function(lambda features: model(features, training=False)).get_concrete_function(sample)
+
+
+def refuse_batched_examples(model: tf_keras.Model, sample) -> None:
+    """Raise JobError when each feature of `sample` (a batch of examples) has one dimension more than
+    the model's input it feeds: the job's data yields batches, where pstrain batches single examples."""
+    from chief.job import JobError
+
+    inputs, features = getattr(model, "inputs", None) or [], tf.nest.flatten(sample)
+    if not inputs or len(inputs) != len(features):
+        return
+    if any(len(f.shape) != len(i.shape) + 1 for i, f in zip(inputs, features, strict=True)):
+        return
+    found, takes = list(features[0].shape[1:]), ["None", *inputs[0].shape[1:]]
+    raise JobError(
+        f"model_fn: the model takes inputs of shape [{', '.join(map(str, takes))}], but the training examples have "
+        f"shape {found}: the data yields batches; give single examples, which pstrain batches to "
+        "--global-batch-size (remove .batch() from train_dataset())"
+    )
 
 
 def seeded_build(job_model_fn, seed: int, sample) -> tf_keras.Model:
