@@ -492,7 +492,7 @@ class ClusterEngine:
         smallest: dict[str, tf.Variable] = {}
         for variable in [self.state.global_step, *variables_of(self.state.model.weights)]:
             kept = smallest.get(variable.device)
-            if kept is None or variable.shape.num_elements() < kept.shape.num_elements():
+            if kept is None or (variable.shape.num_elements() or 0) < (kept.shape.num_elements() or 0):
                 smallest[variable.device] = variable
         for device, variable in smallest.items():
             read = self._fetchers.submit(variable.read_value)
