@@ -58,7 +58,7 @@ def test_the_eval_loss_does_not_depend_on_the_batch_size(loss_fn):
 def test_an_eval_dataset_gives_the_same_figures_as_its_arrays():
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     net, arrays = model(), data(37)
-    from_dataset = eval_set(job(loss_fn, eval_dataset=lambda: tf.data.Dataset.from_tensor_slices(arrays)), lambda n: None)
+    from_dataset = eval_set(job(loss_fn, eval_dataset=lambda: tf.data.Dataset.from_tensor_slices(arrays)), data)
     from_arrays = eval_set(job(loss_fn, eval_data=lambda: arrays), lambda n: None)
     assert evaluate(job(loss_fn), net, from_dataset, batch=8) == pytest.approx(evaluate(job(loss_fn), net, from_arrays, batch=8))
 
@@ -73,3 +73,13 @@ def test_an_eval_dataset_of_bare_features_is_refused_in_one_line():
     bad = job("unused", eval_dataset=lambda: tf.data.Dataset.from_tensor_slices(data()[0]))
     with pytest.raises(JobError, match=r"eval_dataset\(\): each element must be \(features, labels\)"):
         eval_set(bad, lambda n: None)
+
+
+def test_an_eval_dataset_of_batches_is_refused_before_training():
+    batched = job("unused", eval_dataset=lambda: tf.data.Dataset.from_tensor_slices(data(37)).batch(16))
+    with pytest.raises(JobError) as raised:
+        eval_set(batched, data)  # data(1): one training example of 5 features
+    assert str(raised.value) == (
+        "--job t: eval_dataset(): its examples have shape [16, 5], the training examples [5]: it yields batches; "
+        "give single examples, which pstrain batches (remove .batch())"
+    )

@@ -49,7 +49,9 @@ def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet
     """The job's eval set; `first_training_examples(n)` reads up to n training examples for the fallback."""
     spec = job.spec
     if job.eval_dataset:
-        return EvalSet.from_dataset(job.eval_dataset, f"--job {spec}: eval_dataset()")
+        evaluation = EvalSet.from_dataset(job.eval_dataset, f"--job {spec}: eval_dataset()")
+        refuse_batches(evaluation, first_training_examples)
+        return evaluation
     if job.eval_arrays:
         from chief.data.sources import NpyFile
 
@@ -61,3 +63,21 @@ def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet
         return EvalSet.from_arrays(checked_arrays(spec, "eval_data", job.eval_data()), f"--job {spec}: eval_data()")
     first = first_training_examples(FALLBACK_EXAMPLES)
     return EvalSet.from_arrays(tuple(tf.nest.map_structure(np.asarray, first)), "the first training examples")
+
+
+def refuse_batches(evaluation: EvalSet, first_training_examples: Callable[[int], Any]) -> None:
+    """Raise JobError, before training, when the eval set's examples are batches: each of its features
+    has one dimension more than the training examples' (a `.batch()` in `eval_dataset()`)."""
+    from chief.data.sources import one_shape
+
+    with one_shape(evaluation.what):
+        first = next(evaluation.batches(2), None)
+    if first is None:
+        return
+    found, expected = tf.nest.flatten(first[0]), tf.nest.flatten(first_training_examples(1)[0])
+    if len(found) != len(expected) or any(len(f.shape) != len(e.shape) + 1 for f, e in zip(found, expected, strict=True)):
+        return
+    raise JobError(
+        f"{evaluation.what}: its examples have shape {list(found[0].shape[1:])}, the training examples "
+        f"{list(expected[0].shape[1:])}: it yields batches; give single examples, which pstrain batches (remove .batch())"
+    )
