@@ -29,7 +29,9 @@ def serving_spec(sample: Any) -> Any:
 
 def export_saved_model(model, sample: Any, path: Path) -> None:
     """Write a SavedModel whose serving_default maps features (by name, for a dict of inputs) to
-    {"predictions": ...} (or one output per name for a dict of outputs); atomic on success.
+    {"predictions": ...}, or one output per name for a dict of outputs, or for a list or tuple of
+    outputs one per `model.output_names` (a functional model's output layers), else `output_1`,
+    `output_2`, ... as Keras names them; atomic on success.
 
     Keras's own traces of every layer's call are left out (as `model.save(save_traces=False)`): the
     signature is what serves, and Keras traced a subclassed layer's `call` with AutoGraph off, so a job
@@ -37,7 +39,15 @@ def export_saved_model(model, sample: Any, path: Path) -> None:
     spec = serving_spec(sample)
 
     def outputs(y):
-        return dict(y) if isinstance(y, dict) else {"predictions": y}
+        if isinstance(y, dict):
+            return dict(y)
+        flat = tf.nest.flatten(y)
+        if len(flat) == 1:
+            return {"predictions": flat[0]}
+        names = list(getattr(model, "output_names", None) or [])
+        if len(set(names)) != len(flat):
+            names = [f"output_{i + 1}" for i in range(len(flat))]  # as Keras names them in metrics
+        return dict(zip(names, flat, strict=True))
 
     module = tf.Module()
     module.model = model

@@ -33,3 +33,32 @@ def test_a_model_that_branches_in_python_exports_and_serves_its_predictions(tmp_
     for x in (low, high):  # both branches, as the model computes them
         np.testing.assert_array_equal(serve(features=tf.constant(x))["predictions"].numpy(), model(x).numpy())
     assert not (tmp_path / "saved_model.tmp").exists()
+
+
+class TwoHeads(tf_keras.Model):
+    """A subclassed model returning a tuple of outputs (Keras names them output_1, output_2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = tf_keras.layers.Dense(3), tf_keras.layers.Dense(1)
+
+    def call(self, x, training=False):
+        return self.a(x), self.b(x)
+
+
+def functional_two_heads() -> tf_keras.Model:
+    """A functional model with a list of outputs: named by their layers."""
+    x = tf_keras.Input((4,))
+    return tf_keras.Model(x, [tf_keras.layers.Dense(3, name="kind")(x), tf_keras.layers.Dense(1, name="size")(x)])
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("make, names", [(TwoHeads, ["output_1", "output_2"]), (functional_two_heads, ["kind", "size"])])
+def test_a_list_or_tuple_of_outputs_serves_one_output_per_name(tmp_path, make, names):
+    model, x = make(), np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    expected = model(x)
+    export_saved_model(model, x, tmp_path / "saved_model")
+    served = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"](features=tf.constant(x))
+    assert sorted(served) == names
+    for name, value in zip(names, expected, strict=True):
+        np.testing.assert_allclose(served[name].numpy(), value.numpy(), rtol=1e-6)
