@@ -13,7 +13,7 @@ pytestmark = pytest.mark.pure
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("chief", "worker", "cluster")
 ROOMS = ("chief.step", "chief.data", "chief.state")  # below the run loop and its views
-CONTRACT = ("chief.job", "chief.job_compiled")  # the job contract: below the rooms
+CONTRACT = ("chief.job", "chief.job_compiled", "chief.graph_ops")  # the job contract: below the rooms
 # The `pstrain` command dispatches to the chief's entry points (train, evaluate, plot), importing them lazily.
 CLI_INTO_CHIEF = {("cluster.cli", "chief.plots"), ("cluster.cli", "chief.sidecar"), ("cluster.cli", "chief.trainer")}
 

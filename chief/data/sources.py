@@ -322,6 +322,14 @@ def pipeline(dataset: tf.data.Dataset) -> list[tf.data.Dataset]:
     return found
 
 
+def draws_at_random(dataset: tf.data.Dataset) -> bool:
+    """Whether `dataset` maps with a function that holds a stateful random op (`tf.random.uniform`)."""
+    from chief.graph_ops import STATEFUL_RANDOM_OPS, unsupported_ops
+
+    function = getattr(getattr(dataset, "_map_func", None), "function", None)
+    return function is not None and any(op in STATEFUL_RANDOM_OPS for op, _ in unsupported_ops(function.graph))
+
+
 class DatasetSource(Source):
     """The job's `train_dataset()`: built on each worker from that worker's files, read by position."""
 
@@ -334,11 +342,11 @@ class DatasetSource(Source):
         self.num_examples = cardinality
         with one_shape(what):
             first = self.fingerprint()
-        self._local = None  # a second build: random ops in a map draw anew in each
+        self._local = None  # a second build: what a worker builds must read the same examples
         if self.fingerprint() != first:
             raise JobError(
                 f"{what}: two builds of the dataset gave different examples at the same positions; they must be "
-                "fixed (augment in the model, whose random layers draw by (step, slot), or use tf.random.stateless_* ops)"
+                "fixed (augment in the model, whose random layers draw by (step, slot), or seed every random op)"
             )
 
     @staticmethod
@@ -346,8 +354,12 @@ class DatasetSource(Source):
         """Whether `dataset` can be read by position: a known finite size, no shuffle, and `at` works on
         it (reads example 0; a pipeline with TFRecordDataset, interleave, filter ... is read as a stream).
         `at` works on a shuffle, but each read starts a new iterator, whose order a reshuffle changes:
-        a shuffled pipeline is read as a stream, made afresh (the same order, with a seed) each epoch."""
-        if int(dataset.cardinality().numpy()) <= 0 or any("Shuffle" in type(d).__name__ for d in pipeline(dataset)):
+        a shuffled pipeline is read as a stream, made afresh (the same order, with a seed) each epoch.
+        So is one whose map draws with stateful random ops: each read would draw anew (and `at` on it
+        was seen to crash the process)."""
+        if int(dataset.cardinality().numpy()) <= 0:
+            return False
+        if any("Shuffle" in type(d).__name__ or draws_at_random(d) for d in pipeline(dataset)):
             return False
         try:
             tf.data.experimental.at(dataset, 0)

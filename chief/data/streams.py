@@ -64,7 +64,8 @@ class StreamSource:
         if first != self.fingerprint().digest:
             raise JobError(
                 f"{what}: two builds of the pipeline gave different first examples; its order must be fixed "
-                "(list_files(..., shuffle=False), shuffle(..., seed=S), deterministic interleave/map)"
+                "(list_files(..., shuffle=False), shuffle(..., seed=S), deterministic interleave/map, no unseeded "
+                "random ops: augment in the model, whose random layers draw by (step, slot))"
             )
 
     def _made(self) -> tf.data.Dataset:

@@ -9,7 +9,7 @@ statistics, the mean delta is one update from the mean of the per-slot statistic
 MirroredStrategy's read-averaged replica copies amount to.
 
 Writes that bypass these methods (raw ops) and stateful random ops cannot be made synchronous;
-`unsupported_ops` finds them in a traced graph so such a job is refused instead of trained wrongly.
+`chief.graph_ops.unsupported_ops` finds them in a traced graph so such a job is refused instead of trained wrongly.
 """
 
 from __future__ import annotations
@@ -20,43 +20,6 @@ from collections.abc import Iterator, Sequence
 import tensorflow as tf
 
 METHODS = ("assign", "assign_add", "assign_sub")
-
-ASSIGN_OPS = {
-    "AssignVariableOp",
-    "AssignAddVariableOp",
-    "AssignSubVariableOp",
-    "Assign",
-    "AssignAdd",
-    "AssignSub",
-    "ScatterUpdate",
-    "ScatterAdd",
-    "ScatterSub",
-    "ResourceScatterUpdate",
-    "ResourceScatterAdd",
-    "ResourceScatterSub",
-    "ResourceScatterNdUpdate",
-    "ResourceScatterNdAdd",
-}
-STATEFUL_RANDOM_OPS = {
-    "RandomUniform",
-    "RandomUniformInt",
-    "RandomStandardNormal",
-    "TruncatedNormal",
-    "ParameterizedTruncatedNormal",
-    "RandomGamma",
-    "RandomPoisson",
-    "RandomPoissonV2",
-    "RandomShuffle",
-    "Multinomial",
-    "StatefulUniform",
-    "StatefulUniformInt",
-    "StatefulUniformFullInt",
-    "StatefulStandardNormalV2",
-    "StatefulTruncatedNormal",
-    "StatefulRandomBinomial",
-    "RngReadAndSkip",
-    "RngSkip",
-}
 
 
 class Captured:
@@ -115,15 +78,6 @@ def capture_assigns(variables: Sequence[tf.Variable]) -> Iterator[Captured]:
                 delattr(cls, method)
             else:
                 setattr(cls, method, own)
-
-
-def unsupported_ops(graph: tf.Graph) -> list[tuple[str, str]]:
-    """(op type, op name) of every variable write or stateful random op in `graph` and its functions."""
-    graph_def = graph.as_graph_def()
-    nodes = list(graph_def.node)
-    for function in graph_def.library.function:
-        nodes.extend(function.node_def)
-    return [(n.op, n.name) for n in nodes if n.op in ASSIGN_OPS or n.op in STATEFUL_RANDOM_OPS]
 
 
 def layer_of(op_name: str, layer_names: Sequence[str]) -> str:

@@ -16,10 +16,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.graph_ops import unsupported_ops
 from chief.job import Job, JobError, as_written
 from chief.state.model_state import variables_of
 from chief.step.clipping import refuse_whole_variable_features
-from chief.step.forward_state import capture_assigns, layer_of, unsupported_ops
+from chief.step.forward_state import capture_assigns, layer_of
 from chief.step.gradients import replica_gradients
 from chief.step.losses import slot_loss
 from cluster.config import TrainConfig
