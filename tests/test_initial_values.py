@@ -218,3 +218,7 @@ def test_examples_that_are_batches_are_refused_naming_both_shapes():
         "model_fn: the model takes inputs of shape [None, 8, 8, 1], but the training examples have shape [32, 8, 8, 1]"
     )
     build_layers(model, np.zeros((1, 8, 8, 1), np.float32))  # single examples build it
+    # A column of shape [1] feeding an input of shape [] is one example: Keras squeezes the trailing 1.
+    column = tf_keras.Input((), dtype="string")
+    text = tf_keras.Model(column, tf_keras.layers.StringLookup(vocabulary=["a", "b"], output_mode="one_hot")(column))
+    build_layers(text, np.array([["a"]]))

@@ -74,8 +74,10 @@ def refuse_batches(evaluation: EvalSet, first_training_examples: Callable[[int],
         first = next(evaluation.batches(2), None)
     if first is None:
         return
+    from chief.state.initial_values import batches_of
+
     found, expected = tf.nest.flatten(first[0]), tf.nest.flatten(first_training_examples(1)[0])
-    if len(found) != len(expected) or any(len(f.shape) != len(e.shape) + 1 for f, e in zip(found, expected, strict=True)):
+    if not batches_of([list(f.shape[1:]) for f in found], [list(np.shape(e)[1:]) for e in expected]):
         return
     raise JobError(
         f"{evaluation.what}: its examples have shape {list(found[0].shape[1:])}, the training examples "
