@@ -21,6 +21,7 @@ from chief.data.eval_set import eval_set
 from chief.data.sources import train_source
 from chief.evaluate import evaluate
 from chief.job import checked_arrays, load_job, rows
+from chief.state.adapted import check_adapted
 from chief.state.model_state import finalize_layers
 from cluster.errors import TrainingError
 from cluster.rundir import RunDir
@@ -57,6 +58,8 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
     sample = tf.nest.map_structure(np.asarray, next(data.batches(1))[0])
     model = job.model_fn()
     model(sample, training=False)
+    if layout.adapted.exists():  # the run's adapted layers, or the checkpoints would be read with other ones
+        check_adapted(model, layout.adapted, resumed=True)
     checkpoint = tf.train.Checkpoint(model=model)
     seen: set[int] = set()
     with open(layout.evaluations, "a", buffering=1) as out:

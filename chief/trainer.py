@@ -32,6 +32,7 @@ from chief.evaluate import evaluate
 from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
+from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints, remove_partial_saves
 from chief.state.model_state import variables_of
 from chief.state.sharding import placement_summary
@@ -148,6 +149,8 @@ class TrainingRun:
         if not standalone:
             log.info("placement: %s", placement_summary(variables_of(engine.state.model.weights)))
         checkpoints = Checkpoints(engine.state, job, sample, RunDir(run_dir).checkpoints, local=standalone)
+        # Before a restore writes the checkpoint's statistics into the model: what model_fn adapted now.
+        check_adapted(engine.state.model, RunDir(run_dir).adapted, resumed=checkpoints.latest is not None)
         first = checkpoints.restore_latest()
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)

@@ -63,6 +63,11 @@ class RunDir:
         return self.path / "eval.jsonl"
 
     @property
+    def adapted(self) -> Path:
+        """adapted.json: a digest of each preprocessing layer `model_fn` adapts, from the run's first start."""
+        return self.path / "adapted.json"
+
+    @property
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
 

@@ -220,6 +220,19 @@ def test_contract_refusal_on_the_cluster(tmp_path):
     assert_no_orphans(result)
 
 
+def test_a_resume_whose_adapted_layer_differs_is_refused(tmp_path):
+    """model_fn adapts a Normalization at every start: on other data, the checkpoint's statistics belong to
+    another model (checked before the restore writes them into the training model)."""
+    job, run_dir = "tests.jobs.keras_models:AdaptedFromEnv", tmp_path / "r"
+    common = ["train", "--standalone", "--job", job, "--run-dir", str(run_dir), "--checkpoint-every", "5"]
+    first = run_pstrain([*common, "--steps", "5"])
+    assert first.returncode == 0, first.output
+    shifted = run_pstrain([*common, "--steps", "10"], env={"PSTRAIN_TEST_ADAPT_SHIFT": "1.5"}, timeout=120)
+    assert_one_line_error(shifted, "model_fn: its adapted Normalization differs from the one this run started with")
+    same = run_pstrain([*common, "--steps", "10"])
+    assert same.returncode == 0 and "steps 5..10" in same.output, same.output
+
+
 def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
     """Kubeflow-style: every task's TF_CONFIG lists an `evaluator`; ps and workers run `pstrain server`, the
     evaluator task too (it follows the run's checkpoints). The chief does not wait for the evaluator."""

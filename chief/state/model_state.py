@@ -70,8 +70,8 @@ def mirror_state(job: Job, sample) -> ModelState:
 
 def variables_of(weights) -> list[tf.Variable]:
     """The variables among a model's `weights` (or `non_trainable_weights`): a lookup layer adapted to
-    its data also lists its vocabulary there, a weight handler that a checkpoint saves with the model
-    but that is no variable (its table is built from the same data in every copy of the model)."""
+    its data also lists its vocabulary there, a weight handler that is no variable (every copy of the
+    model adapts it on the same data: chief/state/adapted.py)."""
     from tf_keras.src.engine.base_layer_utils import TrackableWeightHandler
 
     return [w for w in weights if not isinstance(w, TrackableWeightHandler)]

@@ -5,10 +5,13 @@ a dict of named inputs, a CNN branch with random augmentation, GaussianNoise and
 Dropout, an L2 regularizer, a Keras `Loss` object, per-example sample weights and metrics_fn. `MixedNoL2` is the same without the
 regularizer; `BackupBN` lets a test count BatchNormalization updates exactly; `Bf16` trains a
 regression MLP under `mixed_bfloat16` with a per-example Keras loss function, `Fp16` the same under
-`mixed_float16` with a LossScaleOptimizer.
+`mixed_float16` with a LossScaleOptimizer; `AdaptedFromEnv` adapts a Normalization on data an environment
+variable shifts.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import tf_keras
@@ -157,3 +160,25 @@ class Fp16(Bf16):
     @staticmethod
     def optimizer_fn():
         return tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.Adam(1e-2))
+
+
+class AdaptedFromEnv:
+    """A regression MLP whose Normalization model_fn adapts on data shifted by $PSTRAIN_TEST_ADAPT_SHIFT:
+    a resume whose adapt differs is refused (chief/state/adapted.py)."""
+
+    @staticmethod
+    def model_fn() -> tf_keras.Model:
+        norm = tf_keras.layers.Normalization()
+        norm.adapt(regression_data(64, 0)[0] + float(os.environ.get("PSTRAIN_TEST_ADAPT_SHIFT", "0")))
+        layers = [tf_keras.Input((6,)), norm, tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(1)]
+        return tf_keras.Sequential(layers)
+
+    loss_fn = "mse"
+
+    @staticmethod
+    def optimizer_fn():
+        return tf_keras.optimizers.legacy.SGD(0.05)
+
+    @staticmethod
+    def train_data():
+        return regression_data(128, 0)
