@@ -115,14 +115,17 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
     return steps, done
 
 
-def assert_both_workers_each_step(records: list[dict], starts: int = 1) -> None:
-    """Every step applied 2 gradients, and every step had both workers' but at most `starts` (how many
-    times the chief started). A step dispatched alone (a started chief's first, while its functions and
-    data are made) lets a free worker take both slots' closures; a block's closures run at once, one per
-    worker, as each waits at the gate for the others."""
+def assert_both_workers_each_step(records: list[dict], starts: int = 1, first_steps: tuple[int, ...] | None = None) -> None:
+    """Every step applied 2 gradients, and had both workers' in all but at most `starts` steps (how many
+    times the chief started), each of those a start's first step (in `first_steps` when given) and on one
+    worker. A step dispatched alone (a started chief's first, while its functions and data are made)
+    lets a free worker take both slots' closures; a block's closures run at once, one per worker, as each
+    waits at the gate for the others."""
     assert all(r["aggregated"] == 2 for r in records), [r["aggregated"] for r in records]
     alone = [(r["step"], r["workers"]) for r in records if r["workers"] != [0, 1]]
     assert len(alone) <= starts and all(len(w) == 1 for _, w in alone), alone
+    if first_steps is not None:
+        assert {step for step, _ in alone} <= set(first_steps), alone
 
 
 def predictions(run_dir: Path, features) -> np.ndarray:

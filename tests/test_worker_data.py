@@ -103,7 +103,7 @@ def resumed_cluster_and_standalone(tmp_path, args: list[str], stop: int, steps: 
     assert alone.returncode == 0, alone.output
     records = metrics(run_dir)[0]
     assert [r["step"] for r in records] == list(range(steps))
-    assert_both_workers_each_step(records, starts=2)
+    assert_both_workers_each_step(records, starts=2, first_steps=(0, stop))
     assert_no_orphans(second)
     return run_dir, reference
 

@@ -309,7 +309,7 @@ def one_shape(what: str) -> Iterator[None]:
         first, _, other = found.groups()
         raise JobError(
             f"{what}: its examples differ in shape (one {first}, another {other}); give single examples of "
-            "one shape, which pstrain batches to --global-batch-size (a .batch() in the pipeline makes each example a batch)"
+            "one shape, which pstrain batches (a .batch() in the pipeline makes each example a batch)"
         ) from None
 
 

@@ -239,7 +239,7 @@ def refuse_batched_examples(model: tf_keras.Model, sample) -> None:
     raise JobError(
         f"model_fn: the model takes inputs of shape [{', '.join(map(str, takes))}], but the training examples have "
         f"shape {found}: the data yields batches; give single examples, which pstrain batches to "
-        "--global-batch-size (remove .batch() from train_dataset())"
+        "--global-batch-size (remove the .batch() from the job's data)"
     )
 
 

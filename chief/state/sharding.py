@@ -19,10 +19,16 @@ CHUNK_BYTES = 16 << 20
 
 
 def partitioner(num_ps: int):
-    """The variable partitioner for `num_ps` ps tasks (None: whole variables)."""
+    """The variable partitioner for `num_ps` ps tasks (None: whole variables). A variable whose shape is
+    known only when run (TextVectorization's tf-idf weights) stays whole."""
     if num_ps < 2:
         return None
-    return tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=MIN_SHARD_BYTES, max_shards=num_ps)
+    by_size = tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=MIN_SHARD_BYTES, max_shards=num_ps)
+
+    def partition(shape: tf.TensorShape, dtype: tf.DType) -> list[int]:
+        return by_size(shape, dtype) if shape.is_fully_defined() else [1] * shape.rank
+
+    return partition
 
 
 def shard_groups(shard_shapes: Sequence[Sequence[int]], full_shapes: Sequence[Sequence[int]]) -> list[range]:

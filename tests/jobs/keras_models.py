@@ -48,7 +48,8 @@ class Mixed:
         features = mixed_data(256, 0)[0]
         norm = tf_keras.layers.Normalization(name="extra_norm")
         norm.adapt(features["extra"])
-        vocabulary = tf_keras.layers.TextVectorization(max_tokens=12, output_mode="multi_hot", name="vocabulary")
+        # tf-idf: its weights have a shape known only once adapted (a variable of shape [None]).
+        vocabulary = tf_keras.layers.TextVectorization(max_tokens=12, output_mode="tf_idf", name="vocabulary")
         vocabulary.adapt(features["words"])
         x = tf_keras.layers.Concatenate()([x, norm(extra), vocabulary(words)])
         x = tf_keras.layers.Dense(16, activation="relu", kernel_regularizer=tf_keras.regularizers.l2(cls.L2))(x)
