@@ -61,7 +61,8 @@ def values(engine) -> list[np.ndarray]:
 def full_weights(engine, like: list[np.ndarray]) -> list[np.ndarray]:
     """The cluster model's variables read from the ps, shards joined to the shapes of `like`."""
     live = variables_of(engine.state.model.weights)
-    groups = shard_groups([v.shape for v in live], [w.shape for w in like])
+    shapes = [v.shape if v.shape.is_fully_defined() else v.read_value().shape for v in live]  # tf-idf weights: [None]
+    groups = shard_groups(shapes, [w.shape for w in like])
     return [read_full([live[i] for i in group]).numpy() for group in groups]
 
 
