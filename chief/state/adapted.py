@@ -40,13 +40,15 @@ def check_adapted(model, record: Path, resumed: bool) -> None:
     if resumed and record.exists():
         saved = json.loads(record.read_text())
         changed = [now.split()[0] for now, then in zip(digests, saved, strict=False) if now != then]
-        if changed or len(saved) != len(digests):
-            layer = changed[0] if changed else "preprocessing layers"
-            raise JobError(
-                f"model_fn: its adapted {layer} differs from the one this run started with (the data it adapts on "
-                "changed): the checkpoint's weights belong to the old one; adapt on the same data, or use a new --run-dir"
-            )
-        return
+        if len(saved) != len(digests):
+            what = f"adapts {len(digests)} preprocessing layers, where this run started with {len(saved)}"
+        elif changed:
+            what = f"its adapted {changed[0]} differs from the one this run started with (the data it adapts on changed)"
+        else:
+            return
+        raise JobError(
+            f"model_fn: {what}: the checkpoint's weights belong to the old one; adapt on the same data, or use a new --run-dir"
+        )
     if digests or record.exists():
         tmp = record.with_suffix(".tmp")
         tmp.write_text(json.dumps(digests))
