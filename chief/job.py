@@ -112,6 +112,18 @@ def checked_arrays(spec: str, what: str, data: Any) -> tuple:
     return data
 
 
+def batches_of(example_shapes: list, example_of: list) -> bool:
+    """Whether each of `example_shapes` (an example's feature shapes) is a batch of examples of the
+    matching `example_of` shape: one leading dimension more, not of size 1 (Keras squeezes a trailing
+    1 away: a column of shape [1] feeds an input of shape [])."""
+    import tensorflow as tf
+
+    return len(example_shapes) == len(example_of) > 0 and all(
+        len(found) == len(of) + 1 and found[0] != 1 and tf.TensorShape(found[1:]).is_compatible_with(of)
+        for found, of in zip(example_shapes, example_of, strict=True)
+    )
+
+
 def fixed_width(array: np.ndarray, what: str) -> np.ndarray:
     """`array` with text as fixed-width NumPy strings: an object array of `str` becomes `U`, of `bytes`
     `S` (what `.npy` files hold and the workers decode in-graph); other arrays are returned as they are."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.job import Job, JobError, checked_arrays, rows
+from chief.job import Job, JobError, batches_of, checked_arrays, rows
 
 Batch = tuple  # (features, labels[, sample_weights]), each a tensor/array or a nest of them
 FALLBACK_EXAMPLES = 8192
@@ -74,8 +74,6 @@ def refuse_batches(evaluation: EvalSet, first_training_examples: Callable[[int],
         first = next(evaluation.batches(2), None)
     if first is None:
         return
-    from chief.state.initial_values import batches_of
-
     found, expected = tf.nest.flatten(first[0]), tf.nest.flatten(first_training_examples(1)[0])
     if not batches_of([list(f.shape[1:]) for f in found], [list(np.shape(e)[1:]) for e in expected]):
         return

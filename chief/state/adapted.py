@@ -39,13 +39,13 @@ def check_adapted(model, record: Path, resumed: bool) -> None:
     digests = adapted_digests(model)
     if resumed and record.exists():
         saved = json.loads(record.read_text())
-        changed = [now.split()[0] for now, then in zip(digests, saved, strict=False) if now != then]
+        if saved == digests:
+            return
         if len(saved) != len(digests):
             what = f"adapts {len(digests)} preprocessing layers, where this run started with {len(saved)}"
-        elif changed:
-            what = f"its adapted {changed[0]} differs from the one this run started with (the data it adapts on changed)"
         else:
-            return
+            layer = next(now.split()[0] for now, then in zip(digests, saved, strict=True) if now != then)
+            what = f"its adapted {layer} differs from the one this run started with (the data it adapts on changed)"
         raise JobError(
             f"model_fn: {what}: the checkpoint's weights belong to the old one; adapt on the same data, or use a new --run-dir"
         )

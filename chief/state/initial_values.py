@@ -217,20 +217,10 @@ def build_layers(model: tf_keras.Model, sample) -> None:
     tf.function(lambda features: model(features, training=False)).get_concrete_function(sample)
 
 
-def batches_of(example_shapes: list, example_of: list) -> bool:
-    """Whether each of `example_shapes` (an example's feature shapes) is a batch of examples of the
-    matching `example_of` shape: one leading dimension more, not of size 1 (Keras squeezes a trailing
-    1 away: a column of shape [1] feeds an input of shape [])."""
-    return len(example_shapes) == len(example_of) > 0 and all(
-        len(found) == len(of) + 1 and found[0] != 1 and tf.TensorShape(found[1:]).is_compatible_with(of)
-        for found, of in zip(example_shapes, example_of, strict=True)
-    )
-
-
 def refuse_batched_examples(model: tf_keras.Model, sample) -> None:
     """Raise JobError when each feature of `sample` (a batch of examples) is itself a batch of what the
     model's input it feeds takes: the job's data yields batches, where pstrain batches single examples."""
-    from chief.job import JobError
+    from chief.job import JobError, batches_of
 
     inputs, features = getattr(model, "inputs", None) or [], tf.nest.flatten(sample)
     if not batches_of([list(f.shape[1:]) for f in features], [i.shape[1:] for i in inputs]):

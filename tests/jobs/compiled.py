@@ -144,17 +144,15 @@ class PenalizedLoss(Penalized):
         return super().compute_loss(x, y, y_pred, sample_weight) + 0.1 * tf.reduce_mean(tf.square(y_pred["size"]))
 
 
+def compiled(model_class: type) -> tf_keras.Model:
+    model = model_class()
+    model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss=LOSSES)
+    return model
+
+
 class CustomTrainStep(Compiled):
-    @staticmethod
-    def model_fn() -> tf_keras.Model:
-        model = Penalized()
-        model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss=LOSSES)
-        return model
+    model_fn = staticmethod(lambda: compiled(Penalized))
 
 
 class CustomComputeLoss(Compiled):
-    @staticmethod
-    def model_fn() -> tf_keras.Model:
-        model = PenalizedLoss()
-        model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss=LOSSES)
-        return model
+    model_fn = staticmethod(lambda: compiled(PenalizedLoss))
