@@ -1,6 +1,6 @@
 """Ops that cannot be replayed exactly where pstrain runs a job's code: variable writes that bypass
 `assign` and stateful random draws (each run draws anew). `unsupported_ops` finds them in a traced
-graph (the step's, chief/step/replica.py; a dataset's map, chief/data/sources.py)."""
+graph (the step's, chief/step/replica.py; a dataset's map, chief/data/datasets.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from chief.job import JobError
+from cluster.errors import JobError
 
 LOSS_FORMS = "a function, a tf_keras.losses.Loss, a loss name, or a list/dict of those per output"
 
@@ -86,7 +86,7 @@ STEP_METHODS = ("train_step", "compute_loss", "test_step", "compute_metrics")
 
 def built_model(model_fn: Callable[[], Any]) -> Any:
     """`model_fn()`, with no initializer run (no memory for its values)."""
-    from chief.state.initial_values import unfilled_initializers
+    from chief.state.unfilled import unfilled_initializers
 
     with unfilled_initializers():
         return model_fn()

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from chief.data.eval_set import EvalSet, eval_set
-from chief.data.sources import explain_worker_error, train_source
+from chief.data.train_source import explain_worker_error, train_source
 from chief.evaluate import evaluate
 from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job

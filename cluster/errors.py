@@ -35,6 +35,10 @@ class ConfigError(PstrainError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class JobError(ConfigError):
+    """A job that cannot be used; the message says what is wrong and how to fix it (chief/job.py)."""
+
+
 class TrainingError(PstrainError):
     """Training cannot go on (a NaN loss, say); the message says at which step and why."""
 

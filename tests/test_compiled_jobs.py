@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.job import JobError, load_job, rows
+from chief.data.arrays import rows
+from chief.job import JobError, load_job
 from chief.step.clipping import apply_clipped
 from chief.step.replica import Replica, replica_step
 from tests.helpers import assert_no_orphans, metrics, run_pstrain

@@ -1,5 +1,5 @@
-"""The import graph has no upward import: every `import` in chief/, worker/ and cluster/ (module level or inside a
-function) read from the source, checked against the direction the rooms allow."""
+"""The import graph has no upward import and no circle: every `import` in chief/, worker/ and cluster/ (module level
+or inside a function, where a circle hides) read from the source, checked against the direction the rooms allow."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.pure
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("chief", "worker", "cluster")
 ROOMS = ("chief.step", "chief.data", "chief.state")  # below the run loop and its views
-CONTRACT = ("chief.job", "chief.job_compiled", "chief.graph_ops")  # the job contract: below the rooms
+CONTRACT = ("chief.job", "chief.job_compiled", "chief.graph_ops", "chief.as_written")  # the job contract: below the rooms
 # The `pstrain` command dispatches to the chief's entry points (train, evaluate, plot), importing them lazily.
 CLI_INTO_CHIEF = {("cluster.cli", "chief.plots"), ("cluster.cli", "chief.sidecar"), ("cluster.cli", "chief.trainer")}
 
@@ -54,3 +54,47 @@ def test_no_module_imports_upward():
         or (within(a, "chief.job") and within(b, "chief.jobs"))  # the contract never reaches into the examples
     )
     assert not wrong, "upward imports: " + "; ".join(wrong)
+
+
+def circles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """The import circles of `edges`: each set of modules that reach each other, sorted (Tarjan's algorithm)."""
+    graph: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        graph.setdefault(a, []).append(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, []):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = [stack.pop()]
+            while group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1 or (v, v) in edges:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_circle_finder_finds_circles():
+    assert circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e"), ("e", "d")}) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({("a", "b"), ("b", "c"), ("a", "c")}) == []
+
+
+def test_no_import_circle():
+    """A circle (job -> job_compiled -> state/initial_values -> job, say) works only while one of its imports
+    stays inside a function; the modules of one are not in layers."""
+    found = circles(imports())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(group) for group in found)

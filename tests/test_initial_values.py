@@ -26,11 +26,10 @@ from chief.state.initial_values import (
     no_constant_folding,
     reproducible_on_ps,
     seeded_build,
-    unfilled,
-    unfilled_initializers,
 )
 from chief.state.model_state import initial_weights
 from chief.state.sharding import partitioner
+from chief.state.unfilled import unfilled, unfilled_initializers
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig

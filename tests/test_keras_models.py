@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job, rows
+from chief.data.arrays import rows
+from chief.job import Job
 from chief.state.model_state import initial_weights
 from chief.step.randomness import stateless_random
 from tests.conftest import _free_port

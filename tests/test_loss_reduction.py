@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job, rows
+from chief.data.arrays import rows
+from chief.job import Job
 from chief.step.replica import Replica, replica_step
 
 pytestmark = pytest.mark.pure

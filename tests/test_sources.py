@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.data.sources import DatasetSource, NpyFile, TableSource, digest, write_npy
-from chief.job import JobError, checked_arrays, load_job
+from chief.data.arrays import checked_arrays
+from chief.data.datasets import DatasetSource
+from chief.data.sources import digest
+from chief.data.tables import NpyFile, TableSource, write_npy
+from chief.job import JobError, load_job
 from cluster.config import ConfigError, TrainConfig
 from cluster.rundir import check_compatible
 
@@ -143,7 +146,7 @@ NOT_FIXED = [  # a job's pipeline that would train on other examples in each bui
 
 @pytest.mark.parametrize("transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batched"])
 def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
-    from chief.data.sources import train_source
+    from chief.data.train_source import train_source
     from chief.job import Job
 
     job = Job("j", None, "mse", None, None, None, train_dataset=digits_dataset(transform))
@@ -154,8 +157,8 @@ def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
 
 
 def test_a_seeded_shuffle_is_a_stream_whose_order_each_build_repeats():
-    from chief.data.sources import train_source
     from chief.data.streams import StreamSource
+    from chief.data.train_source import train_source
     from chief.job import Job
 
     job = Job("j", None, "mse", None, None, None, train_dataset=digits_dataset(lambda d: d.shuffle(100, seed=3)))

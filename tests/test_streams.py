@@ -10,8 +10,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.data.sources import DataError, train_source
+from chief.data.sources import DataError
 from chief.data.streams import StreamSource
+from chief.data.train_source import train_source
 from chief.job import JobError, load_job
 from cluster.config import TrainConfig
 
@@ -126,7 +127,8 @@ def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cl
 @pytest.mark.pure
 def test_a_worker_whose_stream_differs_is_named_in_one_line():
     """The message of the closure's failed check (tf.debugging.Assert's format) as the chief explains it."""
-    from chief.data.sources import MISMATCH_TAG, explain_worker_error
+    from chief.data.sources import MISMATCH_TAG
+    from chief.data.train_source import explain_worker_error
 
     message = f"assertion failed: [{MISMATCH_TAG}] [worker] [1] [cardinality] [-2] [-2] [digest] [5] [7]"
     error = explain_worker_error(tf.errors.InvalidArgumentError(None, None, message), ["h0:1", "h1:2"])

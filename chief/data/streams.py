@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.data.sources import SAMPLES, DataError, DatasetSource, Fingerprint, check_fingerprint, digest, one_shape
+from chief.data.datasets import DatasetSource, one_shape
+from chief.data.sources import SAMPLES, DataError, Fingerprint, check_fingerprint, digest
 from chief.job import JobError
 
 Nest = Any

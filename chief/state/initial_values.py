@@ -38,6 +38,10 @@ import tensorflow as tf
 import tf_keras
 from tf_keras.src.initializers import initializers as keras_initializers
 
+from chief.data.arrays import batches_of
+from chief.job import JobError
+from chief.state.unfilled import unfilled, variable_bytes
+
 log = logging.getLogger("pstrain.chief")
 
 # Variables at least this large (with a tf_keras initializer) get their initial value on their ps.
@@ -93,17 +97,6 @@ class RowsOnChief:
             return full[start:stop]
 
 
-def unfilled(shape, dtype):
-    """An initial value of `shape` and `dtype` (or the partition's shape) with unspecified contents,
-    made where the variable is created: memory a buffer's pages take only once they are written."""
-    shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
-
-    def value(partition_shape=None, partition_offset=None) -> tf.Tensor:
-        return tf.raw_ops.Empty(shape=list(partition_shape or shape.as_list()), dtype=dtype, init=False)
-
-    return value
-
-
 def fill_on_ps(variable, compute) -> None:
     """Assign every shard of `variable` (one, or a ShardedVariable's) its rows of `compute()`, each in a
     function on the shard's own device."""
@@ -146,16 +139,6 @@ def no_constant_folding() -> Iterator[None]:
             ctx.set_optimizer_experimental_options({"constant_folding": before})
 
 
-def variable_bytes(shape, dtype) -> int | None:
-    """Bytes of a variable of `shape` and `dtype`; None when either is not fully known."""
-    if shape is None or dtype is None:
-        return None
-    shape = tf.TensorShape(shape)
-    if not shape.is_fully_defined():
-        return None
-    return shape.num_elements() * tf.as_dtype(dtype).size
-
-
 @contextlib.contextmanager
 def full_rows_initializers(min_bytes: int = PS_INIT_MIN_BYTES) -> Iterator[dict[str, str]]:
     """Within the block (entered inside a ParameterServerStrategy scope), variables created with a
@@ -192,23 +175,6 @@ def full_rows_initializers(min_bytes: int = PS_INIT_MIN_BYTES) -> Iterator[dict[
         yield where
 
 
-@contextlib.contextmanager
-def unfilled_initializers() -> Iterator[None]:
-    """Within the block, variables created with a callable initial value of known shape start with
-    unspecified values (`tf.raw_ops.Empty`), their initializers never called: for a copy whose every
-    value is written before it is read. Pages of a new buffer become resident only when written, so
-    such a variable costs no memory until then."""
-
-    def creator(next_creator, **kwargs):
-        shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
-        if callable(kwargs.get("initial_value")) and variable_bytes(shape, dtype) is not None:
-            kwargs["initial_value"] = unfilled(shape, dtype)
-        return next_creator(**kwargs)
-
-    with tf.variable_creator_scope(creator):
-        yield
-
-
 def build_layers(model: tf_keras.Model, sample) -> None:
     """Create every variable of `model` (its layers build at their first call) by tracing a call on
     `sample`, not running it: eagerly, an embedding lookup of a table sharded over ps tasks reads the
@@ -220,8 +186,6 @@ def build_layers(model: tf_keras.Model, sample) -> None:
 def refuse_batched_examples(model: tf_keras.Model, sample) -> None:
     """Raise JobError when each feature of `sample` (a batch of examples) is itself a batch of what the
     model's input it feeds takes: the job's data yields batches, where pstrain batches single examples."""
-    from chief.job import JobError, batches_of
-
     inputs, features = getattr(model, "inputs", None) or [], tf.nest.flatten(sample)
     if not batches_of([list(f.shape[1:]) for f in features], [i.shape[1:] for i in inputs]):
         return

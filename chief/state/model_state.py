@@ -10,7 +10,8 @@ import tensorflow as tf
 import tf_keras
 
 from chief.job import Job
-from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build, unfilled_initializers
+from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build
+from chief.state.unfilled import unfilled_initializers
 
 log = logging.getLogger("pstrain.chief")
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 import tf_keras
 
-from chief.job import JobError, as_written
+from chief.as_written import as_written
+from chief.job import JobError
 from chief.state.sharding import whole_variables
 from chief.step.gradients import Gradient, unique_rows
 

@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from chief.data.readahead import ReadAhead, schedule_order
-from chief.data.sources import Source, explain_worker_error
+from chief.data.sources import Source
+from chief.data.train_source import explain_worker_error
 from chief.job import Job, job_file
 from chief.state.initial_values import PS_INIT_MIN_BYTES
 from chief.state.model_state import allow_loss_scaling_under_ps, build_state, variables_of

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from chief.job import tensor_dtype
+from chief.data.arrays import tensor_dtype
 
 Gradient = tf.Tensor | tf.IndexedSlices
 

@@ -45,7 +45,7 @@ class LocalEngine:
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
         slots, skip = self.train.replicas_to_aggregate, self.train.on_nonfinite == "skip"
 
-        @tf.function(autograph=False)  # as the cluster's (chief/job.py: as_written)
+        @tf.function(autograph=False)  # as the cluster's (chief/as_written.py)
         def step_fn(step, batches):
             variables = replica.model.trainable_variables
             per_slot = []

@@ -20,7 +20,8 @@ import tf_keras
 from tf_keras.src.engine import compile_utils
 from tf_keras.src.losses import LossFunctionWrapper
 
-from chief.job import Job, JobError, as_written
+from chief.as_written import as_written
+from chief.job import Job, JobError
 
 # What TensorFlow and Keras say when labels and predictions do not fit together.
 _SHAPE_PROBLEM = re.compile(r"shape|dimension|rank|broadcast|incompatible|must have the same", re.I)

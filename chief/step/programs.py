@@ -37,7 +37,7 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
     the N gradients a step applies (the apply then takes the first N slots to arrive)."""
     global_step = state.global_step
 
-    @tf.function(autograph=False)  # the job's code is converted where it is called (chief/job.py: as_written)
+    @tf.function(autograph=False)  # the job's code is converted where it is called (chief/as_written.py)
     def worker_fn(iterator, first, count, slot, positions):
         """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()

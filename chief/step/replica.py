@@ -16,8 +16,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.as_written import as_written
 from chief.graph_ops import unsupported_ops
-from chief.job import Job, JobError, as_written
+from chief.job import Job, JobError
 from chief.state.model_state import variables_of
 from chief.step.clipping import refuse_whole_variable_features
 from chief.step.forward_state import capture_assigns, layer_of

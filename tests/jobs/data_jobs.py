@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.data.sources import write_npy
+from chief.data.tables import write_npy
 from chief.jobs import digits
 
 
