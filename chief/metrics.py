@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from chief.tensorboard import TensorBoardLog
 from cluster.errors import writing
-from cluster.rundir import read_records
+from cluster.rundir import RunDir, read_records
 
 
 class MetricsLog:
@@ -26,7 +26,7 @@ class MetricsLog:
         learning_rate: Callable[[int], float | None] | None = None,
     ):
         """`learning_rate(step)`, where given, adds "learning_rate" to every step record."""
-        self.path, self.tensorboard_dir = path, path.parent / "tensorboard"
+        self.path, self.tensorboard_dir = path, RunDir(path.parent).tensorboard
         self.learning_rate = learning_rate
         history = [r for r in read_records(path) if "step" in r and r["step"] < resume_step]
         tmp = path.with_suffix(".tmp")

@@ -52,7 +52,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
     def first_training_examples(n: int):  # the eval set of a job without one
         if job.train_data:
             return rows(checked_arrays(job.spec, "train_data", job.train_data()), slice(0, n))
-        source = train_source(job, run_dir / "data")  # only train_data() arrays would be written there
+        source = train_source(job, RunDir(layout.data))  # its own copy of train_data() arrays (data/data): not the workers'
         return source.first(n)
 
     data = eval_set(job, first_training_examples)

@@ -16,7 +16,6 @@ run.finish()                                   # final checkpoint, evaluation, S
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import traceback
@@ -56,7 +55,7 @@ from cluster.errors import (
 from cluster.rundir import RunDir
 from cluster.stop import StopTrap
 from cluster.taskenv import TaskEnv, wait_until_ready
-from cluster.tfconfig import chief_address
+from cluster.tfconfig import chief_address, tf_config_text
 
 log = logging.getLogger("pstrain.chief")
 
@@ -100,7 +99,7 @@ def block_length(step: int, train: TrainConfig, first_step: int, step_seconds: f
 
 def start_agent(stop: StopTrap) -> Agent | None:
     """Register the chief with the control plane (when the launcher runs one) and heartbeat."""
-    agent = agent_from_env("chief", 0, chief_address(os.environ.get("TF_CONFIG")))
+    agent = agent_from_env("chief", 0, chief_address(tf_config_text()))
     if agent is None:
         return None
     agent.register(devices=[], deadline_s=30)
@@ -117,7 +116,7 @@ def start_agent(stop: StopTrap) -> Agent | None:
 class TrainingRun:
     """Everything one run of the loop needs, and the bookkeeping between steps."""
 
-    run_dir: Path
+    run_dir: RunDir
     train: TrainConfig
     job: Job
     engine: Engine
@@ -134,7 +133,7 @@ class TrainingRun:
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
+    def start(cls, run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
         """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         startup = StartupClock()
         job = load_job(train.job)
@@ -150,9 +149,9 @@ class TrainingRun:
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(variables_of(engine.state.model.weights)))
-        checkpoints = Checkpoints(engine.state, job, sample, RunDir(run_dir).checkpoints, local=standalone)
+        checkpoints = Checkpoints(engine.state, job, sample, run_dir.checkpoints, local=standalone)
         # Before a restore writes the checkpoint's statistics into the model: what model_fn adapted now.
-        check_adapted(engine.state.model, RunDir(run_dir).adapted, resumed=checkpoints.latest is not None)
+        check_adapted(engine.state.model, run_dir.adapted, resumed=checkpoints.latest is not None)
         first = checkpoints.restore_latest()
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
@@ -166,7 +165,7 @@ class TrainingRun:
             engine,
             checkpoints,
             MetricsLog(
-                RunDir(run_dir).metrics,
+                run_dir.metrics,
                 first,
                 examples_per_step=train.global_batch_size,
                 learning_rate=learning_rate_fn(engine.state.optimizer),
@@ -268,12 +267,12 @@ class TrainingRun:
             self.checkpoints.save(self.train.steps)
         final = self.checkpoints.model()  # the weights just saved (or restored), in the mirror
         scores = evaluate(self.job, final, self.eval_set)
-        export_saved_model(final, self.sample, self.run_dir / "saved_model")
+        export_saved_model(final, self.sample, self.run_dir.saved_model)
         done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
         self.metrics.write({**done, "wall_seconds": round(wall, 3), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()
         summary = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
-        self.progress.message(f"pstrain: done in {wall:.1f}s; {summary}; saved model in {self.run_dir / 'saved_model'}")
+        self.progress.message(f"pstrain: done in {wall:.1f}s; {summary}; saved model in {self.run_dir.saved_model}")
         return EXIT_OK
 
 
@@ -284,7 +283,7 @@ def peak_rss_mib() -> int:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
 
 
-def run(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
+def run(run_dir: RunDir, train: TrainConfig, standalone: bool) -> int:
     """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
     with StopTrap() as stop:
         run = TrainingRun.start(run_dir, train, standalone, stop)
@@ -311,9 +310,9 @@ def last_line(message: str) -> str:
     return lines[-1] if lines else ""
 
 
-def record_traceback(run_dir: Path, error: BaseException, standalone: bool) -> Path:
+def record_traceback(run_dir: RunDir, error: BaseException, standalone: bool) -> Path:
     """Put `error`'s full traceback in the task's log (standalone: a file of that name); returns its path."""
-    path = RunDir(run_dir).log("chief-0")
+    path = run_dir.log("chief-0")
     text = "".join(traceback.format_exception(error))
     try:
         if standalone:
@@ -327,7 +326,7 @@ def record_traceback(run_dir: Path, error: BaseException, standalone: bool) -> P
     return path
 
 
-def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
+def main_guarded(run_dir: RunDir, train: TrainConfig, standalone: bool) -> int:
     """Run, turning user mistakes and training errors into one-line messages and exit codes."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     log.setLevel(logging.INFO)
@@ -348,11 +347,11 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool) -> int:
         return e.exit_code
     except PstrainError as e:
         if isinstance(e, DiskFullError):
-            remove_partial_saves(RunDir(run_dir).checkpoints)  # frees their space; the last complete checkpoint stays
+            remove_partial_saves(run_dir.checkpoints)  # frees their space; the last complete checkpoint stays
         return report(e)
     except Exception as e:  # a job that raises: one line here, the traceback in the log
-        if (full := disk_full_path(e, run_dir)) is not None:  # a write not wrapped in `writing`
-            remove_partial_saves(RunDir(run_dir).checkpoints)
+        if (full := disk_full_path(e, run_dir.path)) is not None:  # a write not wrapped in `writing`
+            remove_partial_saves(run_dir.checkpoints)
             return report(DiskFullError(full))
         if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
             return report(data_error)  # e.g. a data file missing here

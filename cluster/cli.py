@@ -20,8 +20,8 @@ from cluster.control.security import Credentials, load_token
 from cluster.errors import ConfigError, PstrainError, report
 from cluster.rundir import default_run_dir
 from cluster.slurm import PORT_BASE
-from cluster.taskenv import DEFAULT_CONTROL_PORT
-from cluster.tfconfig import named_task_type
+from cluster.taskenv import DEFAULT_CONTROL_PORT, Switches
+from cluster.tfconfig import forget_tf_config, named_task_type, tf_config_text
 
 TRAIN_FLAGS = (
     ("--job", str, "job module: package.module or package.module:attr"),
@@ -273,9 +273,9 @@ EVALUATOR_TIMEOUT_S = 7 * 24 * 3600.0  # an evaluator task gives up on a run tha
 
 def evaluator_run_dir(flag: str) -> Path | None:
     """For a TF_CONFIG `evaluator` task (Kubeflow's Evaluator replica): the run dir it follows; None otherwise."""
-    if named_task_type(os.environ.get("TF_CONFIG")) != "evaluator":
+    if named_task_type(tf_config_text()) != "evaluator":
         return None  # (the server reports a bad TF_CONFIG itself)
-    run_dir = flag or os.environ.get("PSTRAIN_RUN_DIR", "")
+    run_dir = flag or Switches.from_env().run_dir
     if not run_dir:
         raise ConfigError(
             "pstrain server: TF_CONFIG task type 'evaluator' evaluates a run's checkpoints; "
@@ -287,7 +287,7 @@ def evaluator_run_dir(flag: str) -> Path | None:
 def run_evaluate(args: argparse.Namespace) -> int:
     """`pstrain evaluate RUN_DIR`: follow the run's checkpoints (chief/sidecar.py)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.pop("TF_CONFIG", None)
+    forget_tf_config()
     from chief.sidecar import follow
 
     return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
@@ -297,7 +297,7 @@ def run_standalone(config: Config) -> int:
     from cluster import rundir
 
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.pop("TF_CONFIG", None)
+    forget_tf_config()
     from cluster.errors import writing
     from cluster.runlock import RunDirLock
 
@@ -307,7 +307,7 @@ def run_standalone(config: Config) -> int:
             rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
         from chief.trainer import main_guarded
 
-        return main_guarded(run_dir, config.train, standalone=True)
+        return main_guarded(rundir.RunDir(run_dir), config.train, standalone=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from cluster.config import ClusterConfig
 from cluster.task import TaskId
-from cluster.tfconfig import task_tf_config
+from cluster.tfconfig import TF_CONFIG_ENV, task_tf_config
 
 # Every task: fail fast on unreachable peers so ClusterCoordinator can retry (TF's PS tutorial),
 # legacy Keras (Keras 3 has no ParameterServerStrategy), unbuffered logs.
@@ -43,7 +43,7 @@ def visible_devices(cluster: ClusterConfig, task_type: str, index: int) -> str:
 def plan_task(cluster: ClusterConfig, task_type: str, index: int) -> TaskPlan:
     address = cluster_spec(cluster)[task_type][index]
     env = dict(COMMON_ENV)
-    env["TF_CONFIG"] = task_tf_config(cluster_spec(cluster), task_type, index)
+    env[TF_CONFIG_ENV] = task_tf_config(cluster_spec(cluster), task_type, index)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(cluster, task_type, index)
     return TaskPlan(task=TaskId(task_type, index), address=address, env=env)
 

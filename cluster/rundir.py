@@ -1,6 +1,7 @@
 """The run directory: its layout (`RunDir`), the config record (cluster.json), metrics.jsonl as read back,
 and whether an existing one may be resumed. Every reader and writer of a run directory takes its paths
-here; metrics.jsonl and cluster.json are parsed nowhere else.
+here (tests/test_owners.py refuses a `run_dir /` join elsewhere); metrics.jsonl and cluster.json are parsed
+nowhere else. `python -m chief` builds one RunDir and passes it down.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 from cluster import __version__
 from cluster.config import ClusterConfig, ConfigError, TrainConfig
 from cluster.plan import cluster_spec
+
+LOCK_NAME = "pstrain.lock"  # cluster/runlock.py: one run per run dir
 
 # Fields that decide the result step by step: a run dir may only be resumed with the same values.
 RESULT_FIELDS = (
@@ -74,6 +77,26 @@ class RunDir:
     @property
     def plots(self) -> Path:
         return self.path / "plots"
+
+    @property
+    def saved_model(self) -> Path:
+        """The trained model as a SavedModel (chief/export.py), written at the end of the run."""
+        return self.path / "saved_model"
+
+    @property
+    def stream_record(self) -> Path:
+        """stream.json: a stream's slot batch and epoch length, once learnt (chief/data/streams.py)."""
+        return self.path / "stream.json"
+
+    @property
+    def data(self) -> Path:
+        """data/: `train_data()` arrays written as .npy files for the workers (chief/data/tables.py)."""
+        return self.path / "data"
+
+    @property
+    def lock(self) -> Path:
+        """pstrain.lock: the live run's holder (cluster/runlock.py)."""
+        return self.path / LOCK_NAME
 
     @property
     def control_token(self) -> Path:

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 
 from cluster.errors import ConfigError, writing
+from cluster.rundir import LOCK_NAME, RunDir  # noqa: F401  (LOCK_NAME: the name, for tests)
 
-LOCK_NAME = "pstrain.lock"
 SAME_PROCESS_S = 0.05  # create_time is a float rounded by the kernel's clock ticks; closer is the same process
 
 
@@ -75,7 +75,7 @@ class RunDirLock:
     (exit 2) naming the holder when another live run holds `run_dir`, having written nothing there."""
 
     def __init__(self, run_dir: Path, command: str, say=print):
-        self.run_dir, self.path, self.say = run_dir, run_dir / LOCK_NAME, say
+        self.run_dir, self.path, self.say = run_dir, RunDir(run_dir).lock, say
         me = psutil.Process()
         self.holder = Holder(socket.gethostname(), me.pid, me.create_time(), command)
         self._fd: int | None = None

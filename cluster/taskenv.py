@@ -2,8 +2,9 @@
 reads, its default stated once, and the task-side helpers that act on it. Standard library and
 cluster.config only, so that every role (chief, ps, worker) may import it.
 
-docs/environment.md lists every variable; `TaskEnv.to_env()` writes them, `TaskEnv.from_env()`
-reads them, and nothing else in the product reads them by name.
+docs/environment.md lists every variable; `TaskEnv.to_env()` writes those a task is handed,
+`TaskEnv.from_env()` (with `env_token`, `env_control`, `token_in_env`) reads them, `Switches.from_env()`
+reads those a user sets, and nothing else in the product reads them by name (tests/test_owners.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from cluster.config import ClusterConfig, Config, TrainConfig
 
@@ -28,6 +30,11 @@ TLS_CA_ENV = "PSTRAIN_TLS_CA"
 PARENT_ENV = "PSTRAIN_PARENT_PID"
 READY_ENV = "PSTRAIN_READY_FILE"  # the chief connects to the cluster once this file exists
 TTY_ENV = "PSTRAIN_TTY"
+# Switches a user sets (no launcher hands them on): Switches.
+READ_AHEAD_ENV = "PSTRAIN_READ_AHEAD"
+LOG_PLACEMENT_ENV = "PSTRAIN_LOG_DEVICE_PLACEMENT"
+RUN_DIR_ENV = "PSTRAIN_RUN_DIR"
+DATA_DIR_ENV = "PSTRAIN_DATA_DIR"
 PR_SET_PDEATHSIG = 1
 
 
@@ -86,15 +93,54 @@ class TaskEnv:
         parent = env.get(PARENT_ENV, "")
         defaults = cls()
         return cls(
-            control=env.get(CONTROL_ENV, ""),
+            control=env_control(env),
             heartbeat_interval=float(env.get(INTERVAL_ENV) or defaults.heartbeat_interval),
             heartbeat_timeout=float(env.get(TIMEOUT_ENV) or defaults.heartbeat_timeout),
             register_timeout=float(env.get(REGISTER_ENV) or defaults.register_timeout),
-            token=env.get(TOKEN_ENV, "").strip(),
+            token=env_token(env),
             tls_ca=env.get(TLS_CA_ENV, ""),
             parent_pid=int(parent) if parent else None,
             ready_file=env.get(READY_ENV, ""),
             tty=env.get(TTY_ENV) == "1",
+        )
+
+
+def env_token(env: Mapping[str, str] | None = None) -> str:
+    """$PSTRAIN_TOKEN, stripped ("" when unset)."""
+    return (os.environ if env is None else env).get(TOKEN_ENV, "").strip()
+
+
+def token_in_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether $PSTRAIN_TOKEN is set at all (a token the user manages, even an empty one)."""
+    return TOKEN_ENV in (os.environ if env is None else env)
+
+
+def env_control(env: Mapping[str, str] | None = None) -> str:
+    """$PSTRAIN_CONTROL, the control plane to register with ("" when unset)."""
+    return (os.environ if env is None else env).get(CONTROL_ENV, "")
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".cache" / "pstrain"
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The `PSTRAIN_*` switches a user sets for one process (docs/environment.md), read in one place."""
+
+    read_ahead: bool = True  # PSTRAIN_READ_AHEAD=0: workers do not read a file source's next batch ahead
+    log_device_placement: bool = False  # PSTRAIN_LOG_DEVICE_PLACEMENT=1: the chief logs each op's device
+    run_dir: str = ""  # PSTRAIN_RUN_DIR: an evaluator task's run directory, where --run-dir is not given
+    data_dir: Path = field(default_factory=default_data_dir)  # PSTRAIN_DATA_DIR: the example jobs' downloads
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Switches:
+        env = os.environ if env is None else env
+        return cls(
+            read_ahead=env.get(READ_AHEAD_ENV, "1") != "0",
+            log_device_placement=env.get(LOG_PLACEMENT_ENV) == "1",
+            run_dir=env.get(RUN_DIR_ENV, ""),
+            data_dir=Path(env.get(DATA_DIR_ENV, default_data_dir())).expanduser(),
         )
 
 

@@ -13,6 +13,8 @@ runs beside the chief, on the chief's host at ``control_port``.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +26,18 @@ ADDRESS_FIELDS = ("host", "chief", "ps", "workers", "control", "worker_gpus")
 
 
 _SHAPE_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
+TF_CONFIG_ENV = "TF_CONFIG"
+
+
+def tf_config_text(env: Mapping[str, str] | None = None) -> str | None:
+    """TF_CONFIG's text as set in `env` (default: this process's environment); None where it is unset.
+    The only read of TF_CONFIG from an environment (TensorFlow's own resolver aside: `training_resolver`)."""
+    return (os.environ if env is None else env).get(TF_CONFIG_ENV)
+
+
+def forget_tf_config() -> None:
+    """Drop TF_CONFIG from this process's environment: a run without a cluster must not join one."""
+    os.environ.pop(TF_CONFIG_ENV, None)
 
 
 def _read(raw: str) -> tuple[dict[str, Any], str, int]:

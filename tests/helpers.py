@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from cluster.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 PSTRAIN = [sys.executable, "-m", "cluster.cli"]
 current_launcher = 0  # pid of the pstrain process run_pstrain is running, for signal_when callbacks
@@ -105,9 +107,10 @@ def assert_no_orphans(result: Result, within_s: float = 10.0) -> None:
 
 
 def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
+    """(the step lines, the done line or None) of a run's metrics.jsonl, read as RunDir reads it back: the one
+    helper the tests read metrics through."""
     steps, done = [], None
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in RunDir(run_dir).read_metrics():
         if record.get("event") == "done":
             done = record
         elif "event" not in record:  # step lines; eval lines have their own event
@@ -132,7 +135,7 @@ def predictions(run_dir: Path, features) -> np.ndarray:
     """The exported model's serving_default on `features` (an array, or a dict of named inputs)."""
     import tensorflow as tf
 
-    serve = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    serve = tf.saved_model.load(str(RunDir(run_dir).saved_model)).signatures["serving_default"]
     if isinstance(features, dict):
         return serve(**{k: tf.constant(v) for k, v in features.items()})["predictions"].numpy()
     return serve(tf.constant(features))["predictions"].numpy()
@@ -155,7 +158,8 @@ def task_pid(root_pid: int, task_type: str, index: int) -> int | None:
 
 
 def step_lines(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
+    """How many lines the run's metrics.jsonl has (0: none yet), a cut-short last one included."""
+    path = RunDir(run_dir).metrics
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from cluster.rundir import RunDir
 from tests.helpers import alive, metrics, run_pstrain, step_lines, task_pid
 
 JOB = "tests.jobs.wide_deep"
@@ -194,7 +195,7 @@ def run_soak(directory: Path, steps: int, faults: list[Fault], gap: int = 20, ch
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = [f"{p.pid} {' '.join(p.cmdline())}" for p in alive(pids)]
-    records = metrics(run_dir)[0] if (run_dir / "metrics.jsonl").exists() else []
+    records = metrics(run_dir)[0] if RunDir(run_dir).metrics.exists() else []
     difference, different = compare_checkpoints(run_dir, reference)
     return Outcome(
         result.returncode,

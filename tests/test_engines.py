@@ -20,6 +20,7 @@ from chief.state.sharding import read_full, shard_groups
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
+from cluster.rundir import RunDir
 
 TABLES = recommender.small  # its user table is sharded over both ps (chief/state/sharding.py)
 
@@ -39,7 +40,7 @@ OPTIMIZERS = {
 def engine_inputs(job, train: TrainConfig, run_dir):
     """What the trainer hands an engine: the job's source (arrays written under `run_dir`) and one
     example's features."""
-    return train_source(job, run_dir), first_rows(job.train_data()[0])
+    return train_source(job, RunDir(run_dir)), first_rows(job.train_data()[0])
 
 
 def run_both(resolver, job, steps: int, train: TrainConfig, run_dir, per_block: int = 3):

@@ -20,6 +20,7 @@ from chief.data.arrays import rows
 from chief.job import Job
 from chief.state.model_state import initial_weights
 from chief.step.randomness import stateless_random
+from cluster.rundir import RunDir
 from tests.conftest import _free_port
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.jobs import keras_models
@@ -134,7 +135,7 @@ def test_l2_regularizer_is_added_once_per_step(mixed):
 
 
 def test_eval_every_k_steps_and_done_line_report_every_metric(mixed):
-    lines = [json.loads(line) for line in (mixed["cluster"] / "metrics.jsonl").read_text().splitlines()]
+    lines = RunDir(mixed["cluster"]).read_metrics()
     evals = [r for r in lines if r.get("event") == "eval"]
     assert [r["step"] for r in evals] == [10, 20]
     done = metrics(mixed["cluster"])[1]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import ROOT, assert_no_orphans, metrics, predictions, run_pstrain
+from tests.helpers import ROOT, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
 
 pytestmark = pytest.mark.cluster
 
@@ -119,10 +119,9 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     steps = 120
     run_dir = tmp_path / "run"
     args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "20"]
-    metrics_file = run_dir / "metrics.jsonl"
 
     def past_first_checkpoint() -> bool:
-        return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 25
+        return step_lines(run_dir) >= 25
 
     first = run_pstrain(args, signal_when=past_first_checkpoint, send=stop)
     assert first.returncode == 128 + stop, first.output

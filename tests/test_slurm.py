@@ -21,6 +21,7 @@ from cluster.launch.launcher import shared_control_env
 from cluster.launch.ports import free_port
 from cluster.launch.slurm_node import slurm_config
 from cluster.render.slurm import SRUN, SlurmOptions, render_sbatch
+from cluster.rundir import RunDir
 from cluster.slurm import assigned_gpus, expand_hostlist, expand_tasks_per_node, slurm_node
 from tests.helpers import (
     Result,
@@ -382,7 +383,7 @@ def test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_
     env = {**slurm, "PATH": f"{Path(sys.executable).parent}:{slurm['PATH']}"}
     job_id = submit(script, env)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len(metrics(run_dir)[0] if (run_dir / "metrics.jsonl").exists() else []) < 20:
+    while time.monotonic() < deadline and len(metrics(run_dir)[0] if RunDir(run_dir).metrics.exists() else []) < 20:
         time.sleep(0.2)
     # What --signal=B:TERM@120 does before the time limit: SIGTERM to the batch shell.
     subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], env=env, check=True, timeout=30)

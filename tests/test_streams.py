@@ -15,6 +15,7 @@ from chief.data.streams import StreamSource
 from chief.data.train_source import train_source
 from chief.job import JobError, load_job
 from cluster.config import TrainConfig
+from cluster.rundir import RunDir
 
 KEPT = [i for i in range(20) if i % 4 != 3]  # 15 examples: 3 batches of 4 per epoch, 3 examples dropped
 
@@ -24,7 +25,7 @@ def filtered() -> tf.data.Dataset:
 
 
 def stream(run_dir=None) -> StreamSource:
-    return StreamSource(filtered, "train_dataset()", run_dir, slot_batch=4, slots=2)
+    return StreamSource(filtered, "train_dataset()", RunDir(run_dir).stream_record if run_dir else None, slot_batch=4, slots=2)
 
 
 def read(source: StreamSource, first_step: int, count: int) -> list[tuple[list[int], list[int]]]:
@@ -45,7 +46,7 @@ def test_epochs_drop_the_partial_batch_and_steps_run_on_across_them(tmp_path):
     assert source.batches_per_epoch is None
     source.observe([where for where, _ in got])
     assert source.batches_per_epoch == 3 and [source.epoch_of(s) for s in range(5)] == [0, 0, 1, 2, 2]
-    assert json.loads((tmp_path / "stream.json").read_text()) == {"slot_batch_size": 4, "batches_per_epoch": 3}
+    assert json.loads(RunDir(tmp_path).stream_record.read_text()) == {"slot_batch_size": 4, "batches_per_epoch": 3}
     # A resume at step 5 (batch 10): from the recorded epoch length, or from the stream's start without it.
     continued = read(stream(tmp_path), 5, 4)
     assert continued == [([j, j // 3, j % 3], KEPT[4 * (j % 3) : 4 * (j % 3) + 4]) for j in range(10, 14)]
@@ -91,8 +92,8 @@ class FilteredJob:
 def test_a_filtered_train_dataset_is_a_stream_and_the_evaluator_reads_its_first_examples(tmp_path):
     job = load_job("tests.test_streams:FilteredJob")
     train = TrainConfig(job="x", global_batch_size=8, replicas_to_aggregate=2)
-    assert isinstance(train_source(job, tmp_path, train), StreamSource)
-    _, labels = train_source(job, tmp_path).first(6)  # no TrainConfig: the sidecar's fallback eval set
+    assert isinstance(train_source(job, RunDir(tmp_path), train), StreamSource)
+    _, labels = train_source(job, RunDir(tmp_path)).first(6)  # no TrainConfig: the sidecar's fallback eval set
     assert labels.numpy().tolist() == KEPT[:6]
 
 
@@ -145,10 +146,10 @@ def engines(resolver, run_dir, name: str = "filtered_regression", **train):
 
     job = load_job(f"tests.jobs.data_jobs:{name}")
     config = TrainConfig(job=name, global_batch_size=16, replicas_to_aggregate=2, **train)
-    source = train_source(job, run_dir / "cluster", config)
+    source = train_source(job, RunDir(run_dir / "cluster"), config)
     sample = tf.nest.map_structure(lambda t: t.numpy(), source.first(1)[0])
     cluster = ClusterEngine(job, config, source, sample, resolver=resolver)
-    local = LocalEngine(job, config, train_source(job, run_dir / "local", config), sample)
+    local = LocalEngine(job, config, train_source(job, RunDir(run_dir / "local"), config), sample)
     for engine in (cluster, local):
         engine.prepare(0)
     return cluster, local

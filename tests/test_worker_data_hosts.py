@@ -8,7 +8,6 @@ host B runs `pstrain node` in directory b/; the job (tests.jobs.data_jobs:relati
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.rundir import RunDir
 from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids
 from tests.jobs.data_jobs import write_relative_npy
 from tests.netns import can_create_namespaces, two_hosts
@@ -94,8 +94,7 @@ def test_different_data_on_one_machine_is_refused_in_one_line(tmp_path):
     [line] = error_lines(output)
     assert line.startswith("pstrain: error: worker 1 (10.251.5.2:2222): its training data differs from the chief's"), line
     assert "different content" in line and "Traceback" not in output
-    applied = tmp_path / "run" / "metrics.jsonl"
-    records = [json.loads(r) for r in applied.read_text().splitlines()] if applied.exists() else []
+    records = RunDir(tmp_path / "run").read_metrics()
     assert all(1 not in r.get("workers", []) for r in records), "no gradient from worker 1's data was applied"
 
 

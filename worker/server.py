@@ -12,7 +12,7 @@ from typing import NoReturn
 from cluster.control.agent import Refused, agent_from_env
 from cluster.errors import ConfigError, PstrainError, report
 from cluster.taskenv import TaskEnv, die_with_parent
-from cluster.tfconfig import server_task
+from cluster.tfconfig import server_task, tf_config_text
 from worker import tf_runtime
 
 log = logging.getLogger("pstrain.server")
@@ -42,7 +42,7 @@ def main() -> int:
 def serve() -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
-    cluster, task_type, index = server_task(os.environ.get("TF_CONFIG"))
+    cluster, task_type, index = server_task(tf_config_text())
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     tf = tf_runtime.load()

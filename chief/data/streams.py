@@ -51,12 +51,13 @@ class StreamSource:
     streams = True
     reads_ahead = False  # the worker's iterator reads ahead by itself (prefetch)
 
-    def __init__(self, make: Callable[[], tf.data.Dataset], what: str, run_dir: Path | None, slot_batch=0, slots=0):
-        """`slot_batch` B and `slots` M (total_num_replicas) are needed to train; without them (the
-        evaluator sidecar) only `first` and `fingerprint` work."""
+    def __init__(self, make: Callable[[], tf.data.Dataset], what: str, record: Path | None, slot_batch=0, slots=0):
+        """`record`: where the learnt epoch length is kept (RunDir.stream_record; None: nowhere). `slot_batch`
+        B and `slots` M (total_num_replicas) are needed to train; without them (the evaluator sidecar) only
+        `first` and `fingerprint` work."""
         self.make, self.what = make, what
         self.slot_batch, self.slots = slot_batch, slots
-        self.record = run_dir / "stream.json" if run_dir else None
+        self.record = record
         self.batches_per_epoch: int | None = self._recorded()
         self.start = 0  # the first stream batch of this run: first step * M
         self.position_name = f"pstrain_stream_{uuid.uuid4().hex[:8]}"  # the workers' position tables

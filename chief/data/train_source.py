@@ -4,7 +4,6 @@ arrays), and one line for a data error raised in a worker's closure (`explain_wo
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import tensorflow as tf
 
@@ -13,9 +12,10 @@ from chief.data.datasets import DatasetSource
 from chief.data.sources import MISMATCH_TAG, DataError
 from chief.data.streams import StreamSource
 from chief.data.tables import TableSource
+from cluster.rundir import RunDir
 
 
-def train_source(job, run_dir: Path, train=None):
+def train_source(job, run_dir: RunDir | None, train=None):
     """The job's training data as a source: train_dataset() (by position, or as a stream:
     chief/data/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
     batch and slots; without it (the evaluator sidecar) a stream can only give its first examples."""
@@ -25,10 +25,10 @@ def train_source(job, run_dir: Path, train=None):
         if probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe):
             return DatasetSource(job.train_dataset, what)
         slots = (train.slot_batch_size, train.total_num_replicas) if train else (0, 0)
-        return StreamSource(job.train_dataset, what, run_dir if train else None, *slots)
+        return StreamSource(job.train_dataset, what, run_dir.stream_record if train and run_dir else None, *slots)
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
-    return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir / "data")
+    return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir.data)
 
 
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")

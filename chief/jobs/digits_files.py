@@ -28,12 +28,13 @@ import tensorflow as tf
 
 from chief.jobs import digits
 from chief.jobs.digits import loss_fn, model_fn, optimizer_fn  # noqa: F401  (the same model)
+from cluster.taskenv import Switches
 
 SCALE = 15  # 0..16 stored as 0..240: v * 15 / 240 == v / 16 exactly in float32
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("PSTRAIN_DATA_DIR", Path.home() / ".cache" / "pstrain")).expanduser() / "digits-png"
+    return Switches.from_env().data_dir / "digits-png"
 
 
 def write_pngs(directory: Path) -> None:

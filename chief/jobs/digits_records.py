@@ -22,13 +22,14 @@ import tensorflow as tf
 
 from chief.jobs import digits
 from chief.jobs.digits import loss_fn, model_fn, optimizer_fn  # noqa: F401  (the same model)
+from cluster.taskenv import Switches
 
 SHARDS = 4
 FEATURES = {"pixels": tf.io.FixedLenFeature([64], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("PSTRAIN_DATA_DIR", Path.home() / ".cache" / "pstrain")).expanduser() / "digits-tfrecord"
+    return Switches.from_env().data_dir / "digits-tfrecord"
 
 
 def write_records(directory: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -35,6 +34,7 @@ from chief.step.programs import apply_loop, worker_loop
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
+from cluster.taskenv import Switches
 from cluster.tfconfig import training_resolver
 
 log = logging.getLogger("pstrain.chief")
@@ -113,7 +113,7 @@ class ClusterEngine:
             self.source.begin(start_step)
         self._expected = self.source.fingerprint()
         t = self.train
-        reads_ahead = self.source.reads_ahead and os.environ.get("PSTRAIN_READ_AHEAD", "1") != "0"
+        reads_ahead = self.source.reads_ahead and Switches.from_env().read_ahead
         self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if reads_ahead else None
         dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))

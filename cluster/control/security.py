@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import hmac
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from cluster.config import ConfigError
-from cluster.taskenv import TOKEN_ENV
+from cluster.taskenv import TOKEN_ENV, env_token
 
 METADATA_KEY = "authorization"
 
@@ -46,7 +45,7 @@ def load_token(token_file: str = "", generate: bool = False) -> str:
         if not token:
             raise ConfigError(f"cluster.token_file: {token_file} is empty; put a shared secret in it")
         return token
-    token = os.environ.get(TOKEN_ENV, "").strip()
+    token = env_token()
     if token:
         return token
     if generate:

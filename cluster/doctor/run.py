@@ -11,6 +11,7 @@ import psutil
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts
 from cluster.plan import cluster_spec
+from cluster.tfconfig import tf_config_text
 
 ANY_GPU = 1 << 20  # resolve explicit worker_gpus as given; the doctor itself says which index is missing
 
@@ -33,7 +34,7 @@ def machine_checks(config_file: str | None) -> list[checks.Check]:
     out += config_found
     out += checks.gpu_memory(smi, frozenset({os.getpid()}))
     out += checks.interconnect(smi)
-    out += checks.tf_config(os.environ.get("TF_CONFIG"))
+    out += checks.tf_config(tf_config_text())
     return out
 
 

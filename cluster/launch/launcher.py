@@ -35,7 +35,7 @@ from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.task import TaskId
-from cluster.taskenv import TOKEN_ENV, TaskEnv
+from cluster.taskenv import TaskEnv, token_in_env
 from cluster.versions import local_versions
 
 CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
@@ -93,7 +93,7 @@ def describe_not_ready(child: Child) -> str:
 
 def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str:
     """Where `pstrain status` finds the token; a generated token is written to RUN_DIR/control.token."""
-    if cluster.token_file or TOKEN_ENV in os.environ:
+    if cluster.token_file or token_in_env():
         return cluster.token_file
     path = rundir.RunDir(run_dir).control_token
     rundir.write_secret(path, creds.token)

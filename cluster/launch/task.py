@@ -16,8 +16,8 @@ from typing import Any
 from cluster.config import Config, ConfigError, load_toml
 from cluster.launch.launcher import launch, shared_control_env
 from cluster.plan import COMMON_ENV
-from cluster.taskenv import CONTROL_ENV, DEFAULT_CONTROL_PORT
-from cluster.tfconfig import config_for_tf_config, control_address, parse_tf_config, task_tf_config
+from cluster.taskenv import DEFAULT_CONTROL_PORT, env_control
+from cluster.tfconfig import TF_CONFIG_ENV, config_for_tf_config, control_address, parse_tf_config, task_tf_config, tf_config_text
 
 
 def pod_env(
@@ -25,11 +25,11 @@ def pod_env(
 ) -> tuple[Config, str, dict[str, str]]:
     """(the pod's config, its task type, the environment a ps/worker pod serves with) from the pod
     config `raw` and the injected TF_CONFIG in `environ`; the same environment `pstrain launch` hands it."""
-    spec, task_type, index = parse_tf_config(environ.get("TF_CONFIG"))
-    control = environ.get(CONTROL_ENV) or control_address(spec, control_port)
+    spec, task_type, index = parse_tf_config(tf_config_text(environ))
+    control = env_control(environ) or control_address(spec, control_port)
     config = config_for_tf_config(raw, spec, control)
     # every pod needs the shared token (none is generated) and TLS CA
-    env = {"TF_CONFIG": task_tf_config(spec, task_type, index), **shared_control_env(config)}
+    env = {TF_CONFIG_ENV: task_tf_config(spec, task_type, index), **shared_control_env(config)}
     return config, task_type, env
 
 

@@ -1,0 +1,64 @@
+"""Each contract has one owner that the rest passes around: TF_CONFIG is read from the environment in
+cluster/tfconfig.py only, every PSTRAIN_* variable in cluster/taskenv.py only, and every path in a run
+directory is made by cluster/rundir.py (RunDir). Read from the source of chief/, cluster/ and worker/. Pure."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pure
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("chief", "cluster", "worker")
+ENV_OWNERS = {"cluster/taskenv.py", "cluster/tfconfig.py"}
+RUN_DIR_OWNERS = {"cluster/rundir.py"}
+# An environment read (os.environ / environ / env .get, [...], `in`, getenv) naming PSTRAIN_*, TF_CONFIG or a *_ENV name.
+NAME = r"""(?:["'](?:PSTRAIN_\w+|TF_CONFIG)["']|\b[A-Z_]+_ENV\b)"""
+ENV_READ = re.compile(
+    rf"""(?:\benviron\w*(?:\.get|\.pop)?\s*[(\[]\s*{NAME}|\bgetenv\s*\(\s*{NAME}|{NAME}\s+(?:not\s+)?in\s+(?:os\.)?environ\b)"""
+)
+RUN_DIR_JOIN = re.compile(r"\brun_dir\s*/(?!/)")
+
+
+def offences(text: str, pattern: re.Pattern) -> list[str]:
+    """The lines of `text` (as `N: line`) where `pattern` matches, comments left out."""
+    return [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if pattern.search(line.split("#")[0])]
+
+
+def scan(pattern: re.Pattern, owners: set[str]) -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if name not in owners:
+                found += [f"{name}:{line}" for line in offences(path.read_text(), pattern)]
+    return found
+
+
+def test_the_scans_see_what_they_look_for():
+    reads = [
+        'os.environ.get("PSTRAIN_READ_AHEAD", "1")',
+        'os.environ["TF_CONFIG"]',
+        "environ.get(CONTROL_ENV)",
+        "if TOKEN_ENV in os.environ:",
+        "os.getenv('PSTRAIN_RUN_DIR')",
+        'os.environ.pop("TF_CONFIG", None)',
+    ]
+    assert all(offences(line, ENV_READ) for line in reads), [line for line in reads if not offences(line, ENV_READ)]
+    fine = ["env[TF_CONFIG_ENV] = text", 'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")', "# os.environ['TF_CONFIG']"]
+    assert not any(offences(line, ENV_READ) for line in fine)
+    assert offences('path = run_dir / "saved_model"', RUN_DIR_JOIN) and offences("run_dir/'data'", RUN_DIR_JOIN)
+    assert not offences("run_dir.saved_model, self.run_dir_path", RUN_DIR_JOIN)
+
+
+def test_only_the_owners_read_pstrain_variables_and_tf_config():
+    found = scan(ENV_READ, ENV_OWNERS)
+    assert not found, "read outside cluster/taskenv.py and cluster/tfconfig.py: " + "; ".join(found)
+
+
+def test_only_rundir_makes_run_dir_paths():
+    found = scan(RUN_DIR_JOIN, RUN_DIR_OWNERS)
+    assert not found, "run-dir paths made outside cluster/rundir.py (add a RunDir property): " + "; ".join(found)
