@@ -20,8 +20,8 @@ import tensorflow as tf
 from chief.data.arrays import checked_arrays, rows
 from chief.data.eval_set import eval_set
 from chief.data.train_source import train_source
-from chief.evaluate import evaluate
 from chief.job import load_job
+from chief.scores import evaluate
 from chief.state.adapted import check_adapted
 from chief.state.model_state import finalize_layers
 from cluster.errors import TrainingError

@@ -27,10 +27,10 @@ import tensorflow as tf
 
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import explain_worker_error, train_source
-from chief.evaluate import evaluate
 from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
+from chief.scores import evaluate
 from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints, remove_partial_saves
 from chief.state.model_state import variables_of

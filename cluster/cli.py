@@ -105,7 +105,7 @@ def add_deploy_commands(sub) -> None:
     tfjob.add_argument("--token-secret", default="", help="Secret with key 'token' (default NAME-token)")
     tfjob.add_argument("--run-dir-claim", default="", help="PersistentVolumeClaim for the chief's run dir (default NAME-runs)")
     tfjob.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="the control plane's container port")
-    tfjob.add_argument("--worker-gpus", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
+    tfjob.add_argument("--worker-gpus", dest="gpus_per_pod", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
     slurm = kinds.add_parser("slurm", help="an sbatch script: one pstrain node --slurm per node")
     slurm.add_argument("--nodes", type=int, default=0, help="nodes (default: workers / GPUs per node)")
     slurm.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (0: CPU)")
@@ -128,7 +128,7 @@ def run_render(args: argparse.Namespace) -> int:
         from cluster.render.tfjob import TFJobOptions, render_tfjob, to_yaml
 
         options = TFJobOptions(
-            args.image, args.name, args.namespace, args.token_secret, args.run_dir_claim, args.control_port, args.worker_gpus
+            args.image, args.name, args.namespace, args.token_secret, args.run_dir_claim, args.control_port, args.gpus_per_pod
         )
         text = to_yaml(render_tfjob(config, options))
     else:
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"pstrain: wrote {p}" for p in render(Path(args.run_dir))))
             return 0
         if args.command == "task":
-            from cluster.launch.task import run_task
+            from cluster.launch.pod import run_task
 
             return run_task(args.config, args.control_port)
         if args.command == "render":

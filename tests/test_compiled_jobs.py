@@ -136,7 +136,7 @@ def test_compiled_two_output_job_on_two_ps_resumed_equals_standalone(tmp_path):
 def test_evaluation_of_a_compiled_job_is_model_evaluate():
     """eval_loss and the per-output metrics, read in batches of 20, as Keras's evaluate (batches of 1024) reports them."""
     from chief.data.eval_set import EvalSet
-    from chief.evaluate import evaluate
+    from chief.scores import evaluate
 
     job = load_job("tests.jobs.compiled:Compiled")
     x, y, _ = compiled.two_output_data(100, 2)

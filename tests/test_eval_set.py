@@ -1,4 +1,4 @@
-"""Evaluation read in batches (chief/data/eval_set.py, chief/evaluate.py): the result does not
+"""Evaluation read in batches (chief/data/eval_set.py, chief/scores.py): the result does not
 depend on the batch size, whatever the loss's reduction, with sample weights and uneven batches,
 and an eval_dataset() gives the same figures as the same examples as arrays."""
 
@@ -10,8 +10,8 @@ import tensorflow as tf
 import tf_keras
 
 from chief.data.eval_set import EvalSet, eval_set
-from chief.evaluate import evaluate
 from chief.job import Job, JobError
+from chief.scores import evaluate
 
 pytestmark = pytest.mark.pure
 

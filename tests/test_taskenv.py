@@ -13,7 +13,7 @@ from cluster.config import TrainConfig, resolve
 from cluster.errors import ConfigError, PstrainError, report
 from cluster.launch.launcher import control_env, credentials, shared_control_env
 from cluster.launch.node import node_env
-from cluster.launch.task import pod_env
+from cluster.launch.pod import pod_env
 from cluster.plan import COMMON_ENV, cluster_spec, plan_task
 from cluster.rundir import RunDir
 from cluster.taskenv import TaskEnv

@@ -138,7 +138,7 @@ def test_the_strict_schema_and_the_webhook_rules_do_refuse(manifest):
         (TFJobOptions("img", namespace="ML"), "--namespace: 'ML' is not a valid Kubernetes name"),
         (TFJobOptions(" "), "--image: empty"),
         (TFJobOptions("img", control_port=2222), "--control-port: 2222 must be a port 1-65535 other than 2222"),
-        (TFJobOptions("img", worker_gpus=2), "--worker-gpus: 2; pstrain pins one GPU per worker"),
+        (TFJobOptions("img", gpus_per_pod=2), "--worker-gpus: 2; pstrain pins one GPU per worker"),
     ],
 )
 def test_render_refuses_what_the_api_server_or_pstrain_would(options, message):

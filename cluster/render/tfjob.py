@@ -31,7 +31,7 @@ class TFJobOptions:
     token_secret: str = ""  # default <name>-token, key "token"
     run_dir_claim: str = ""  # default <name>-runs
     control_port: int = DEFAULT_CONTROL_PORT
-    worker_gpus: int = 1  # nvidia.com/gpu per worker pod (0: CPU workers)
+    gpus_per_pod: int = 1  # nvidia.com/gpu per worker pod (0: CPU workers); the flag --worker-gpus
 
     @property
     def secret(self) -> str:
@@ -54,8 +54,8 @@ def check_options(options: TFJobOptions) -> None:
         raise ConfigError("--image: empty; give the container image that has pstrain installed")
     if options.control_port in (TF_PORT,) or not 0 < options.control_port <= 65535:
         raise ConfigError(f"--control-port: {options.control_port} must be a port 1-65535 other than {TF_PORT}")
-    if options.worker_gpus not in (0, 1):
-        raise ConfigError(f"--worker-gpus: {options.worker_gpus}; pstrain pins one GPU per worker, give 1 (or 0 for CPU)")
+    if options.gpus_per_pod not in (0, 1):
+        raise ConfigError(f"--worker-gpus: {options.gpus_per_pod}; pstrain pins one GPU per worker, give 1 (or 0 for CPU)")
 
 
 def run_dir(options: TFJobOptions) -> str:
@@ -67,7 +67,7 @@ def container(options: TFJobOptions, role: str) -> dict[str, Any]:
         {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": options.secret, "key": "token"}}},
         *({"name": k, "value": v} for k, v in COMMON_ENV.items()),
     ]
-    if role != "Worker" or not options.worker_gpus:
+    if role != "Worker" or not options.gpus_per_pod:
         env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})  # CUDA images show every GPU otherwise
     mounts = [{"name": "config", "mountPath": f"{WORKDIR}/{CONFIG_DIR}", "readOnly": True}]
     if role == "Chief":
@@ -84,8 +84,8 @@ def container(options: TFJobOptions, role: str) -> dict[str, Any]:
         "env": env,
         "volumeMounts": mounts,
     }
-    if role == "Worker" and options.worker_gpus:
-        spec["resources"] = {"limits": {"nvidia.com/gpu": options.worker_gpus}}
+    if role == "Worker" and options.gpus_per_pod:
+        spec["resources"] = {"limits": {"nvidia.com/gpu": options.gpus_per_pod}}
     return spec
 
 
