@@ -8,14 +8,22 @@ source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 cd "$PSTRAIN_ROOT"
 ruff check .
 ruff format --check .
+filtered=0  # a -k of the caller's may leave a tier with nothing to run (pytest's exit 5); without one, that is an error
 for arg in "$@"; do
-  case "$arg" in -m | -m?* | --markexpr*) exec python -m pytest tests "$@" ;; esac
+  case "$arg" in
+    -m | -m?* | --markexpr*) exec python -m pytest tests "$@" ;;
+    -k | -k?* | --keyword*) filtered=1 ;;
+  esac
 done
 for tier in pure inprocess cluster netns; do
   echo "pstrain: tests of tier $tier"
   code=0
   python -m pytest tests -m "$tier" "$@" || code=$?
-  if [ "$code" != 0 ] && [ "$code" != 5 ]; then  # 5: no test of this tier selected (e.g. by -k)
+  if [ "$code" = 5 ] && [ "$filtered" = 0 ]; then
+    echo "pstrain: error: no test of tier $tier was collected (pytest exit 5); later tiers not run" >&2
+    exit 5
+  fi
+  if [ "$code" != 0 ] && [ "$code" != 5 ]; then  # 5 here: no test of this tier selected by the -k given
     echo "pstrain: error: tests of tier $tier failed (exit $code); later tiers not run" >&2
     exit "$code"
   fi

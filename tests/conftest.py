@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 
 import pytest
+
+from tests.proof import PROOF, unallowed_skips
 
 TIERS = ("pure", "inprocess", "cluster", "netns")  # cheapest first, as deploy/run_tests.sh runs them
 
@@ -24,6 +27,31 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "each test needs exactly one tier marker of " + ", ".join(TIERS) + " (pytest.ini): " + "; ".join(wrong)
         )
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Under CI ($PSTRAIN_CI=1, set by .ci/run) a skipped test the docs cite as proof fails the run, unless
+    $PSTRAIN_ALLOWED_SKIPS (comma-separated node ids or file paths) names it (tests/proof.py)."""
+    if os.environ.get("PSTRAIN_CI") != "1":
+        return
+    bad = unallowed_skips(_skipped, os.environ.get("PSTRAIN_ALLOWED_SKIPS", ""), PROOF)
+    if bad:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = "pstrain: error: proof tests skipped (name them in PSTRAIN_ALLOWED_SKIPS to allow): " + ", ".join(bad)
+        if reporter:
+            reporter.ensure_newline()
+            reporter.write_line(line)
+        else:
+            print(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

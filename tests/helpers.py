@@ -98,6 +98,24 @@ def run_pstrain(
     return Result(process.returncode, output, seen)
 
 
+def handles_sigterm(pid: int) -> bool:
+    """Whether process `pid` catches or ignores SIGTERM now (its SigCgt/SigIgn masks in /proc; Linux)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = dict(line.split(":\t", 1) for line in status.splitlines() if line.startswith(("SigCgt", "SigIgn")))
+    return any(int(mask, 16) >> (signal.SIGTERM - 1) & 1 for mask in masks.values())
+
+
+def wait_for_sigterm_handler(pid: int, timeout_s: float = 60.0) -> None:
+    """Return once process `pid` has set its SIGTERM handler (the event a test sends SIGTERM after)."""
+    deadline = time.monotonic() + timeout_s
+    while not handles_sigterm(pid):
+        assert time.monotonic() < deadline, f"process {pid} set no SIGTERM handler within {timeout_s:g}s"
+        time.sleep(0.02)
+
+
 def assert_no_orphans(result: Result, within_s: float = 10.0) -> None:
     deadline = time.monotonic() + within_s
     while alive(result.seen_pids) and time.monotonic() < deadline:

@@ -178,8 +178,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
     assert seen["step_after_refusal"] >= 30, "training went on after the refused call"
     # Lost, then killed, once silent past the 2 s timeout (its last heartbeat came up to one 0.5 s
-    # interval before SIGSTOP), allowing polling slack.
-    assert seen.get("lost_after") is not None and 2.0 - 0.5 <= seen["lost_after"] < 2.0 + 1.5, seen
+    # interval before SIGSTOP): never earlier. The upper bound only tells the timeout from the end of the
+    # run (minutes away), with room for 2 busy cores.
+    assert seen.get("lost_after") is not None and 2.0 - 0.5 <= seen["lost_after"] < 2.0 + 8.0, seen
     assert seen["others"]["worker:0"] == "serving"
     assert result.returncode == 0, result.output
     assert "pstrain: warning: worker-1 sent no heartbeat for 2s (hung?) and was killed; restarting (1 of 3)" in result.output

@@ -18,6 +18,7 @@ from cluster.launch.supervisor import Supervisor
 from cluster.plan import plan_task
 from cluster.stop import StopTrap
 from cluster.task import TaskId
+from tests.helpers import wait_for_sigterm_handler
 
 pytestmark = pytest.mark.cluster
 
@@ -48,7 +49,8 @@ def test_a_stop_during_a_restart_back_off_reaches_the_chief_at_once(tmp_path):
         timer.cancel()
         supervisor.stop_all()
     assert code == 128 + signal.SIGTERM and chief.process.returncode == -signal.SIGTERM
-    assert returned - signalled[0] < 2.0, f"the stop took {returned - signalled[0]:.2f}s to reach the chief (back-off 8 s)"
+    # Measured against the 8 s back-off it must cut short (SIGTERM 0.5 s into it), not a tight bound: 2 busy cores.
+    assert returned - signalled[0] < 6.0, f"the stop took {returned - signalled[0]:.2f}s to reach the chief (back-off 8 s)"
     assert [c.process.pid for c in supervisor.children] == [worker.process.pid, chief.process.pid], "no worker restarted"
 
 
@@ -129,7 +131,7 @@ def test_a_task_lost_on_another_machine_ends_the_run_saying_what_became_of_the_c
 ):
     monkeypatch.setattr(launcher, "CHIEF_STOP_GRACE_S", 0.5)
     cluster, registry, supervisor, _, chief, _ = silent_cluster(tmp_path, chief_argv, start_worker=False)
-    time.sleep(1.0)  # the chief has set its signal handler
+    wait_for_sigterm_handler(chief.process.pid)  # the chief has set its signal handler
     try:
         with StopTrap() as stop:
             code = Supervision(supervisor, registry, cluster, 5.0, stop, tmp_path).run(chief)

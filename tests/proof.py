@@ -1,0 +1,27 @@
+"""The tests the docs cite as proof of what cannot be checked in one process on one machine: two machines,
+Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PROOF = (
+    "tests/test_two_machines.py",  # docs/two-machines.md
+    "tests/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
+    "tests/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
+    "tests/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
+    "tests/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",
+    "tests/test_faults.py::test_full_disk_stops_with_one_line_and_the_last_checkpoint_intact",  # docs/faults.md
+)
+
+
+def covers(name: str, nodeid: str) -> bool:
+    """Whether `name` (a file path or a node id, its parameters left out) names the test `nodeid`."""
+    return nodeid == name or nodeid.startswith(name + "::") or nodeid.startswith(name + "[")
+
+
+def unallowed_skips(skipped: Iterable[str], allowed: str, proof: Iterable[str] = PROOF) -> list[str]:
+    """The skipped node ids that are proof tests and not named in `allowed` (comma-separated names)."""
+    names = [a.strip() for a in allowed.split(",") if a.strip()]
+    proof = tuple(proof)
+    return sorted({n for n in skipped if any(covers(p, n) for p in proof) and not any(covers(a, n) for a in names)})
