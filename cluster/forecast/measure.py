@@ -22,8 +22,6 @@ import psutil
 from cluster.errors import ConfigError
 from cluster.forecast.model import Observation
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def role_of(process: psutil.Process) -> str:
     """`chief`, `ps`, `worker` from a process's command line and TF_CONFIG; `launcher` otherwise."""
@@ -79,7 +77,7 @@ def measure(job: str, workers: int, ps: int, batch: int, steps: int, warmup: int
     with tempfile.TemporaryDirectory(prefix="pstrain-plan-") as tmp:
         run_dir = Path(tmp) / "run"
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
-        launcher = subprocess.Popen(launch_argv(job, workers, ps, batch, steps, run_dir), cwd=ROOT, stdout=out, stderr=out)
+        launcher = subprocess.Popen(launch_argv(job, workers, ps, batch, steps, run_dir), stdout=out, stderr=out)
         try:
             return _window(launcher, run_dir, workers, ps, batch, steps, warmup)
         finally:
@@ -95,7 +93,8 @@ def _window(launcher: subprocess.Popen, run_dir: Path, workers: int, ps: int, ba
 
     def applied() -> int:
         if launcher.poll() is not None:
-            raise ConfigError(f"pstrain plan: the measured run ({workers} workers, {ps} ps) exited with {launcher.returncode}")
+            what = f"the measured run ({workers} workers, {ps} ps) exited with {launcher.returncode}"
+            raise ConfigError(f"pstrain plan: {what}; --log FILE keeps its output")
         try:
             return metrics.read_text().count('"aggregated"')
         except FileNotFoundError:
@@ -121,13 +120,6 @@ def _window(launcher: subprocess.Popen, run_dir: Path, workers: int, ps: int, ba
     n = last - first
     cpu = {role: (after[role] - before[role]) / n for role in ("chief", "ps", "worker") if role in after and role in before}
     return Observation(workers, ps, batch, (t1 - t0) / n, cpu)
-
-
-def _done(metrics: Path) -> bool:
-    try:
-        return '"event": "done"' in metrics.read_text()
-    except FileNotFoundError:
-        return False
 
 
 def stop(launcher: subprocess.Popen, grace_s: float = 60.0) -> None:
