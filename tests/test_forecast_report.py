@@ -26,6 +26,7 @@ def test_bad_bandwidth_is_one_line_naming_the_flag(text):
 
 
 def test_counts_cores_and_runs():
+    assert parse_bandwidth("loopback") is None
     assert parse_counts("--ps", "1,2,4") == [1, 2, 4]
     assert parse_cores("") is None and parse_cores("here") == "here" and parse_cores("8") == 8.0
     assert parse_runs("1x1, 2x1,1x2,2x2") == [(1, 1), (2, 1), (1, 2), (2, 2)]

@@ -21,7 +21,9 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--global-batch-size", type=int, default=64, help="examples per step (as the run will use)")
     plan.add_argument("--workers", default="16", help="worker counts to predict, e.g. 16 or 8,16,32")
     plan.add_argument("--ps", default="1,2,4", help="ps counts to predict, e.g. 1,2,4")
-    plan.add_argument("--bandwidth", default="10Gbit", help="each machine's network, e.g. 10Gbit, 25Gbit/s, 1.25GB/s")
+    plan.add_argument(
+        "--bandwidth", default="10Gbit", help="each machine's network, e.g. 10Gbit, 25Gbit/s, 1.25GB/s; loopback: one machine"
+    )
     plan.add_argument("--rtt", type=float, default=0.1, help="network round trip in milliseconds (two per step)")
     plan.add_argument("--cores", default="", help="predict all tasks sharing N cores, or `here`: as the measured runs did")
     plan.add_argument("--measure", default=DEFAULT_RUNS, help="the measured runs here, WORKERSxPS (two worker and two ps counts)")

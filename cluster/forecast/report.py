@@ -13,13 +13,16 @@ UNITS |= {"kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8, "b/s": 1, "kb/s": 1
 RESOURCES = ("worker compute", "ps CPU", "ps network", "chief", "shared cores")
 
 
-def parse_bandwidth(text: str) -> float:
-    """'10Gbit', '25 Gbit/s', '1.25GB/s' -> bytes per second."""
+def parse_bandwidth(text: str) -> float | None:
+    """'10Gbit', '25 Gbit/s', '1.25GB/s' -> bytes per second; 'loopback' -> None (transfers are copies
+    on one machine, already in the measured CPU)."""
+    if text == "loopback":
+        return None
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)(/s)?\s*", text or "")
     unit = match.group(2).lower() + (match.group(3) or "") if match else ""
     unit = unit.removesuffix("/s") if unit.endswith("bit/s") else unit
     if not match or unit not in UNITS or float(match.group(1)) <= 0:
-        raise ConfigError(f"--bandwidth: expected a rate like 10Gbit, 25Gbit/s or 1.25GB/s, got {text!r}")
+        raise ConfigError(f"--bandwidth: expected a rate like 10Gbit, 25Gbit/s or 1.25GB/s (or loopback), got {text!r}")
     return float(match.group(1)) * UNITS[unit]
 
 
