@@ -36,6 +36,7 @@ def costs(**changes: float) -> Costs:
         ps_gradient_s=1 * MS,
         chief_base_s=0.5 * MS,
         chief_per_worker_s=0.01 * MS,
+        chief_sharded_s=0.0,
         chief_per_ps_s=0.1 * MS,
         cores=2.0,
     )
@@ -49,7 +50,7 @@ def test_prediction_arithmetic_by_hand():
     worker = 2 + 0.2 * 128 / 4 + 0.5 * 1  # ms
     ps = 1 + 4 * 0.2 + 4 * 1.0
     net = 4 * 2 * (400_000 + 16_384) / 1.25e9 / MS + 2 * 0.1
-    chief = 0.5 + 0.04
+    chief = 0.5 + 0.04  # one ps: neither the step to two ps nor a cost per further ps
     want = {"worker compute": worker, "ps CPU": ps, "ps network": net, "chief": chief}
     assert got.loads == pytest.approx({k: v * MS for k, v in want.items()})
     assert got.binding == "worker compute" and got.step_s == pytest.approx(worker * MS)
@@ -100,9 +101,9 @@ def test_propose_ps_takes_the_fewest_near_the_best():
 
 
 def test_fit_recovers_the_costs_that_made_the_runs():
-    truth = costs(chief_per_worker_s=0.0)
+    truth = costs(chief_per_worker_s=0.0, chief_sharded_s=3 * MS)
     runs = []
-    for workers, num_ps in ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2)):
+    for workers, num_ps in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
         s = Scenario(workers, num_ps, 64, None, cores=truth.cores)
         p = predict(truth, [KERNEL], pstrain_placement([KERNEL], num_ps), s)
         cpu = {"worker": workers * p.loads["worker compute"], "ps": sum(p.ps_cpu_s), "chief": p.loads["chief"]}
@@ -114,6 +115,7 @@ def test_fit_recovers_the_costs_that_made_the_runs():
     assert got.ps_request_s == pytest.approx(truth.ps_request_s, rel=1e-6)
     assert got.ps_gradient_s == pytest.approx(truth.ps_gradient_s, rel=1e-6)
     assert got.chief_per_ps_s == pytest.approx(truth.chief_per_ps_s, rel=1e-6)
+    assert got.chief_sharded_s == pytest.approx(truth.chief_sharded_s, rel=1e-6)  # told apart by the run on 4 ps
     assert 1.0 < got.cores <= truth.cores  # the cores kept busy: all 2 where they bound, fewer where one worker did
 
 

@@ -12,7 +12,7 @@ from cluster.errors import ConfigError
 from cluster.forecast import report
 from cluster.forecast.model import Observation, Scenario, balanced_placement, fit, predict, propose_ps, pstrain_placement
 
-DEFAULT_RUNS = "1x1,2x1,1x2,2x2"
+DEFAULT_RUNS = "1x1,2x1,1x2,2x2,1x4"
 
 
 def add_plan_parser(sub) -> None:

@@ -7,7 +7,8 @@ A synchronous step has four resources that each must do their share of it:
   work, one request per gradient, and accumulating and applying its share of each gradient's bytes);
 - **ps network**: the busiest ps's bytes, N workers' pulls and pushes of what it holds, over the
   bandwidth, plus two round trips per step; or one worker's bytes, if more;
-- **the chief**: its CPU per step, `chief_base_s + chief_per_worker_s * N + chief_per_ps_s * (P - 1)`.
+- **the chief**: its CPU per step, `chief_base_s + chief_per_worker_s * N + chief_sharded_s * [P > 1] +
+  chief_per_ps_s * (P - 1)` (measured: a step up from one ps to two, then less per ps).
 The predicted step is the largest of them (the one that binds), a roofline: the others overlap with it.
 Where every task shares `cores` cores (one machine, as in the measured run), all tasks' CPU over the
 cores is a fifth bound, `shared cores`.
@@ -64,6 +65,7 @@ class Costs:
     ps_gradient_s: float
     chief_base_s: float
     chief_per_worker_s: float
+    chief_sharded_s: float  # once there are two ps or more
     chief_per_ps_s: float  # per ps beyond the first
     cores: float  # the cores the measured run's tasks kept busy together
 
@@ -116,7 +118,9 @@ def nonnegative_fit(features: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 def fit(observations: Sequence[Observation]) -> Costs:
     """The costs that best explain the runs (non-negative least squares per role). Needs runs with
-    two worker counts and two ps counts; raises ValueError otherwise."""
+    two worker counts and two ps counts; raises ValueError otherwise. With only one and two ps, the
+    chief's step to two ps and its cost per further ps cannot be told apart: the fit takes the step
+    (the first of equal fits), so a third ps count (`1x4`) is what measures the slope."""
     if len({o.workers for o in observations}) < 2 or len({o.ps for o in observations}) < 2:
         raise ValueError("fit: give runs with at least two worker counts and two ps counts")
     n = np.array([o.workers for o in observations], dtype=float)
@@ -125,7 +129,9 @@ def fit(observations: Sequence[Observation]) -> Costs:
     ones = np.ones_like(n)
     worker = nonnegative_fit(np.stack([n, b, n * p], 1), np.array([o.cpu_s.get("worker", 0.0) for o in observations]))
     ps = nonnegative_fit(np.stack([p, n * p, n], 1), np.array([o.cpu_s.get("ps", 0.0) for o in observations]))
-    chief = nonnegative_fit(np.stack([ones, n, p - 1], 1), np.array([o.cpu_s.get("chief", 0.0) for o in observations]))
+    chief = nonnegative_fit(
+        np.stack([ones, n, (p > 1).astype(float), p - 1], 1), np.array([o.cpu_s.get("chief", 0.0) for o in observations])
+    )
     cores = float(np.mean([o.cores_busy for o in observations]))
     return Costs(*map(float, (*worker, *ps, *chief)), cores=cores)
 
@@ -185,7 +191,8 @@ def predict(costs: Costs, variables: Sequence[Variable], placement: Sequence[Pie
     ps_cpu = tuple(costs.ps_base_s + n * costs.ps_request_s + n * costs.ps_gradient_s * s for s in shares)
     ps_bytes = tuple(n * (a + b) for a, b in zip(pull, push, strict=True))
     worker = costs.worker_base_s + costs.worker_example_s * scenario.batch / n + costs.worker_per_ps_s * p
-    chief = costs.chief_base_s + costs.chief_per_worker_s * n + costs.chief_per_ps_s * (p - 1)
+    chief = costs.chief_base_s + costs.chief_per_worker_s * n + (costs.chief_sharded_s if p > 1 else 0.0)
+    chief += costs.chief_per_ps_s * (p - 1)
     network = 0.0
     if scenario.bandwidth:
         one_worker = sum(v.pull_bytes + v.push_bytes for v in variables)

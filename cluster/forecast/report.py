@@ -72,7 +72,7 @@ def costs_lines(costs: Costs, batch: int) -> list[str]:
         f"  ps: {costs.ps_base_s * ms:.2f} ms per step + {costs.ps_request_s * ms:.2f} ms per gradient per ps"
         f" + {costs.ps_gradient_s * ms:.2f} ms per gradient, split by bytes",
         f"  chief: {costs.chief_base_s * ms:.2f} ms per step + {costs.chief_per_worker_s * ms:.3f} ms per worker"
-        f" + {costs.chief_per_ps_s * ms:.2f} ms per ps beyond the first",
+        f" + {costs.chief_sharded_s * ms:.2f} ms with 2 ps or more + {costs.chief_per_ps_s * ms:.2f} ms per ps beyond the first",
         f"  cores kept busy by the measured runs: {costs.cores:.2f}",
     ]
 
