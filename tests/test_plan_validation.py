@@ -1,8 +1,8 @@
-"""`pstrain plan` against the step it predicts, measured here: the model fitted from four short runs
-(1 and 2 workers, 1 and 2 ps) must predict each of them, and the 4-worker runs on 1 and 2 ps it did
-not see, within 25 %. Every task shares this machine's cores, so the prediction is for tasks sharing
-the cores the measured runs kept busy (`--cores here`, `--bandwidth loopback`), and the 4-worker
-steps are measured in the same test, under the same load."""
+"""`pstrain plan` against the step it predicts, measured here: the model fitted from its five short
+runs (1 and 2 workers on 1 and 2 ps, 1 worker on 4 ps) must predict each of them, and the 4-worker
+runs on 1 and 2 ps it did not see, within 25 %. Every task shares this machine's cores, so the
+prediction is for tasks sharing the cores the measured runs kept busy (`--cores here`, `--bandwidth
+loopback`), and the 4-worker steps are measured in the same test, under the same load."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_plan_predicts_the_measured_step_within_a_quarter():
     for w, p, measured, model in re.findall(r"(\d+) workers, (\d+) ps: measured ([\d.]+) ms, model ([\d.]+) ms", result.output):
         pairs[int(w), int(p)] = float(measured), float(model)
     predicted = {int(p): float(ms) for p, ms in re.findall(r"^\| 4 \| (\d) \| ([\d.]+) \|", result.output, re.M)}
-    assert sorted(pairs) == [(1, 1), (1, 2), (2, 1), (2, 2)] and sorted(predicted) == [1, 2], result.output
+    assert sorted(pairs) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)] and sorted(predicted) == [1, 2], result.output
     for ps in (1, 2):
         pairs[4, ps] = measure(JOB, 4, ps, BATCH, STEPS, STEPS // 3).step_s * 1e3, predicted[ps]
     errors = {key: model / measured - 1 for key, (measured, model) in pairs.items()}
