@@ -40,8 +40,9 @@ def checked(args: argparse.Namespace) -> dict:
     if args.rtt < 0:
         raise ConfigError(f"--rtt: expected zero or more milliseconds, got {args.rtt}")
     runs = report.parse_runs(args.measure)
-    if max(w for w, _ in runs) > args.global_batch_size:
-        raise ConfigError(f"--measure: more workers than examples per step ({args.global_batch_size}); use smaller runs")
+    uneven = sorted({w for w, _ in runs if args.global_batch_size % w})
+    if uneven:
+        raise ConfigError(f"--global-batch-size: {args.global_batch_size} does not split over {uneven[0]} workers (--measure)")
     from cluster.cli import check_job_module
 
     check_job_module(args.job)
