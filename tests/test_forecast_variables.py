@@ -1,20 +1,22 @@
-"""Bytes per variable from the user's job (cluster/forecast/variables.py): tables move the rows a
+"""Bytes per variable from the user's job (chief/variable_bytes.py): tables move the rows a
 batch touches, every other variable moves whole."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from chief.jobs.recommender import small  # imports TensorFlow at collection, before the tier guard
-from cluster.forecast.variables import job_variables
+from chief.variable_bytes import job_variables
 
 pytestmark = pytest.mark.pure
 
 
 def test_tables_move_touched_rows_and_dense_variables_move_whole():
     per_worker = 32
-    variables = {v.name.split("/")[0]: v for v in job_variables("chief.jobs.recommender:small", per_worker)}
+    variables = {v["name"].split("/")[0]: SimpleNamespace(**v) for v in job_variables("chief.jobs.recommender:small", per_worker)}
     user = variables["user_embedding"]
     assert user.bytes == small.users * small.dim * 4 and user.rows == small.users
     features = small.train_data()[0]

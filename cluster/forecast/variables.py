@@ -1,67 +1,26 @@
-"""The bytes each trainable variable moves per step: built from the user's job in this process.
-
-A variable whose gradient is an `IndexedSlices` (an embedding's table) is row-sparse: a worker
-pulls and pushes only the rows its batch touches (docs/embeddings.md), counted here on a sample of
-one worker's batch (positions drawn with a fixed seed). Any other variable moves whole, both ways.
-Which rows a gradient touches does not depend on the loss, so the probe differentiates the sum of
-the model's outputs.
-"""
+"""The job's variables and the bytes each moves per step, from `python -m chief.variable_bytes` (it
+builds the job's model: a process of its own, so cluster/ imports no chief/ module)."""
 
 from __future__ import annotations
 
-import os
-from typing import Any
+import json
+import subprocess
+import sys
 
-import numpy as np
-
+from cluster.errors import ConfigError
 from cluster.forecast.model import Variable
+
+TIMEOUT_S = 300.0
 
 
 def job_variables(spec: str, examples_per_worker: int) -> list[Variable]:
-    """The job's trainable variables, each with its bytes per worker per step."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-
-    from chief.job import load_job
-
-    job = load_job(spec)
-    features = sample_features(job, max(1, examples_per_worker))
-    model = job.model_fn()
-    with tf.GradientTape() as tape:
-        outputs = model(features, training=True)
-        total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in tf.nest.flatten(outputs)])
-    variables = model.trainable_variables
-    gradients = tape.gradient(total, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return [describe(v, g) for v, g in zip(variables, gradients, strict=True)]
-
-
-def describe(variable: Any, gradient: Any) -> Variable:
-    """A variable's sizes; a row-sparse gradient moves its unique rows (and their int64 indices)."""
-    import tensorflow as tf
-
-    size = int(variable.shape.num_elements() or 0) * variable.dtype.size
-    rows = int(variable.shape[0]) if variable.shape.rank else 1
-    if isinstance(gradient, tf.IndexedSlices):
-        touched = len(np.unique(gradient.indices.numpy()))
-        moved = touched * (size // max(1, rows)) + 8 * touched
-        return Variable(variable.name, size, rows, float(moved), float(moved))
-    return Variable(variable.name, size, rows, float(size), float(size))
-
-
-def sample_features(job: Any, n: int) -> Any:
-    """`n` examples' features from the job's training data, whichever source it defines."""
-    import tensorflow as tf
-
-    from chief.job import rows
-
-    if job.train_dataset is not None:
-        features = next(iter(job.train_dataset().batch(n).take(1)))[0]
-        return features
-    if job.train_data is not None:
-        features = job.train_data()[0]
-    else:
-        paths = job.train_arrays()[0]
-        features = tf.nest.map_structure(lambda p: np.load(p, mmap_mode="r"), paths)
-    count = len(tf.nest.flatten(features)[0])
-    positions = np.sort(np.random.default_rng(0).choice(count, size=min(n, count), replace=False))
-    return tf.nest.map_structure(np.asarray, rows(features, positions))
+    """Raises ConfigError (one line) when the job cannot be built."""
+    argv = [sys.executable, "-m", "chief.variable_bytes", spec, str(max(1, examples_per_worker))]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)  # killed and reaped on timeout
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"pstrain plan: building {spec}'s model took over {TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"pstrain plan: could not build {spec}'s model: {last.removeprefix('pstrain: error: ')}")
+    return [Variable(**v) for v in json.loads(done.stdout.strip().splitlines()[-1])]
