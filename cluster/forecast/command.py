@@ -11,6 +11,7 @@ from cluster.config import DEFAULT_JOB
 from cluster.errors import ConfigError
 from cluster.forecast import report
 from cluster.forecast.model import Observation, Scenario, balanced_placement, fit, predict, propose_ps, pstrain_placement
+from cluster.forecast.variables import job_variables
 
 DEFAULT_RUNS = "1x1,2x1,1x2,2x2,1x4"
 
@@ -58,18 +59,16 @@ def checked(args: argparse.Namespace) -> dict:
 def run_plan(args: argparse.Namespace) -> int:
     plan = checked(args)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM unwinds like Ctrl-C: each run is stopped and reaped
+    batch = args.global_batch_size
     try:
         observations = measure_runs(args, plan["runs"])
+        variables = job_variables(args.job, batch // max(plan["workers"]))  # rows touched by the largest count's share
     except KeyboardInterrupt:
         from cluster.errors import report as report_error
 
         return report_error("pstrain plan: interrupted; the measured run was stopped and reaped", 130)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    from cluster.forecast.variables import job_variables
-
-    batch = args.global_batch_size
-    variables = job_variables(args.job, batch // max(plan["workers"]))
     costs = fit(observations)
     print("pstrain plan: fitted costs (CPU seconds per step, as measured on this machine)")
     print("\n".join(report.costs_lines(costs, batch)))
