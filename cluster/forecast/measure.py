@@ -92,13 +92,14 @@ def _window(launcher: subprocess.Popen, run_dir: Path, workers: int, ps: int, ba
     metrics = run_dir / "metrics.jsonl"
 
     def applied() -> int:
-        if launcher.poll() is not None:
+        try:
+            count = metrics.read_text().count('"aggregated"')
+        except FileNotFoundError:
+            count = 0
+        if count < steps and launcher.poll() is not None:  # (a run that ended has applied all its steps)
             what = f"the measured run ({workers} workers, {ps} ps) exited with {launcher.returncode}"
             raise ConfigError(f"pstrain plan: {what}; --log FILE keeps its output")
-        try:
-            return metrics.read_text().count('"aggregated"')
-        except FileNotFoundError:
-            return 0
+        return count
 
     deadline = time.monotonic() + 300
     while applied() < warmup:
