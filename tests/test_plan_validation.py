@@ -52,3 +52,12 @@ def test_plan_interrupted_mid_measurement_stops_and_reaps_its_run():
     assert result.returncode == 130, result.output
     assert result.output.strip().endswith("pstrain: error: pstrain plan: interrupted; the measured run was stopped and reaped")
     assert_no_orphans(result)
+
+
+def test_plan_of_a_job_whose_run_fails_says_so_in_one_line():
+    result = run_pstrain(["plan", "--job", "tests.jobs.broken:Raises", "--measure-steps", "200"], timeout=120)
+    assert result.returncode == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last == "pstrain: error: pstrain plan: the measured run (1 workers, 1 ps) exited with 2; --log FILE keeps its output"
+    assert "Traceback" not in result.output
+    assert_no_orphans(result)
