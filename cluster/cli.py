@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--port-base", type=int, default=PORT_BASE, help="with --slurm: chief port; control +1, tasks above")
     add_control_flags(node)
     add_deploy_commands(sub)
+    from cluster.forecast.command import add_plan_parser
+
+    add_plan_parser(sub)
     evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate each new checkpoint of a run until it is done")
     evaluate.add_argument("run_dir", type=Path, help="the run directory (its --run-dir)")
     evaluate.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds without a done line")
@@ -255,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_task(args.config, args.control_port)
         if args.command == "render":
             return run_render(args)
+        if args.command == "plan":
+            from cluster.forecast.command import run_plan
+
+            return run_plan(args)
         if args.command == "evaluate":
             return run_evaluate(args)
         if args.command == "train" and args.standalone:

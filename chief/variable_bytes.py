@@ -1,0 +1,85 @@
+"""The bytes each trainable variable moves per step, from the user's job: `pstrain plan` runs
+`python -m chief.variable_bytes JOB EXAMPLES_PER_WORKER`, which prints one JSON list of
+{name, bytes, rows, pull_bytes, push_bytes} (cluster/ imports no chief/ module but the CLI's entry points).
+
+A variable whose gradient is an `IndexedSlices` (an embedding's table) is row-sparse: a worker
+pulls and pushes only the rows its batch touches (docs/embeddings.md), counted here on a sample of
+one worker's batch (positions drawn with a fixed seed). Any other variable moves whole, both ways.
+Which rows a gradient touches does not depend on the loss, so the probe differentiates the sum of
+the model's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
+    """The job's trainable variables, each with its bytes per worker per step."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    from chief.job import load_job
+
+    job = load_job(spec)
+    features = sample_features(job, max(1, examples_per_worker))
+    model = job.model_fn()
+    with tf.GradientTape() as tape:
+        outputs = model(features, training=True)
+        total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in tf.nest.flatten(outputs)])
+    variables = model.trainable_variables
+    gradients = tape.gradient(total, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return [describe(v, g) for v, g in zip(variables, gradients, strict=True)]
+
+
+def describe(variable: Any, gradient: Any) -> dict:
+    """A variable's sizes; a row-sparse gradient moves its unique rows (and their int64 indices)."""
+    import tensorflow as tf
+
+    size = int(variable.shape.num_elements() or 0) * variable.dtype.size
+    rows = int(variable.shape[0]) if variable.shape.rank else 1
+    if isinstance(gradient, tf.IndexedSlices):
+        touched = len(np.unique(gradient.indices.numpy()))
+        moved = touched * (size // max(1, rows)) + 8 * touched
+        return {"name": variable.name, "bytes": size, "rows": rows, "pull_bytes": moved, "push_bytes": moved}
+    return {"name": variable.name, "bytes": size, "rows": rows, "pull_bytes": size, "push_bytes": size}
+
+
+def sample_features(job: Any, n: int) -> Any:
+    """`n` examples' features from the job's training data, whichever source it defines."""
+    import tensorflow as tf
+
+    from chief.job import rows
+
+    if job.train_dataset is not None:
+        features = next(iter(job.train_dataset().batch(n).take(1)))[0]
+        return features
+    if job.train_data is not None:
+        features = job.train_data()[0]
+    else:
+        paths = job.train_arrays()[0]
+        features = tf.nest.map_structure(lambda p: np.load(p, mmap_mode="r"), paths)
+    count = len(tf.nest.flatten(features)[0])
+    positions = np.sort(np.random.default_rng(0).choice(count, size=min(n, count), replace=False))
+    return tf.nest.map_structure(np.asarray, rows(features, positions))
+
+
+def main(argv: list[str]) -> int:
+    """`python -m chief.variable_bytes JOB EXAMPLES_PER_WORKER`: the JSON list on stdout; a bad job: one
+    line on stderr and exit code 2."""
+    from cluster.errors import PstrainError, report
+
+    try:
+        print(json.dumps(job_variables(argv[0], int(argv[1]))))
+    except PstrainError as e:
+        return report(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

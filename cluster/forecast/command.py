@@ -1,0 +1,118 @@
+"""`pstrain plan`: measure the user's job in short runs on this machine, fit the model
+(cluster/forecast/model.py), print the predicted step for the workers, ps and bandwidth asked for."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from cluster.config import DEFAULT_JOB
+from cluster.errors import ConfigError
+from cluster.forecast import report
+from cluster.forecast.model import Observation, Scenario, balanced_placement, fit, predict, propose_ps, pstrain_placement
+from cluster.forecast.variables import job_variables
+
+DEFAULT_RUNS = "1x1,2x1,1x2,2x2,1x4"
+
+
+def add_plan_parser(sub) -> None:
+    plan = sub.add_parser("plan", help="predict the step for N workers and P ps from short measured runs of the job")
+    plan.add_argument("--job", default=DEFAULT_JOB, help="job module: package.module or package.module:attr")
+    plan.add_argument("--global-batch-size", type=int, default=64, help="examples per step (as the run will use)")
+    plan.add_argument("--workers", default="16", help="worker counts to predict, e.g. 16 or 8,16,32")
+    plan.add_argument("--ps", default="1,2,4", help="ps counts to predict, e.g. 1,2,4")
+    plan.add_argument(
+        "--bandwidth", default="10Gbit", help="each machine's network, e.g. 10Gbit, 25Gbit/s, 1.25GB/s; loopback: one machine"
+    )
+    plan.add_argument("--rtt", type=float, default=0.1, help="network round trip in milliseconds (two per step)")
+    plan.add_argument("--cores", default="", help="predict all tasks sharing N cores, or `here`: as the measured runs did")
+    plan.add_argument("--measure", default=DEFAULT_RUNS, help="the measured runs here, WORKERSxPS (two worker and two ps counts)")
+    plan.add_argument("--measure-steps", type=int, default=400, help="steps per measured run (measured after the first third)")
+    plan.add_argument("--log", default="", help="append the measured runs' console output to this file")
+
+
+def checked(args: argparse.Namespace) -> dict:
+    """Every flag checked before anything starts; one line naming the flag on bad input."""
+    if args.global_batch_size < 1:
+        raise ConfigError(f"--global-batch-size: expected a positive whole number, got {args.global_batch_size}")
+    if args.measure_steps < 200:
+        raise ConfigError(f"--measure-steps: at least 200 steps, so a steady window follows the start, got {args.measure_steps}")
+    if args.rtt < 0:
+        raise ConfigError(f"--rtt: expected zero or more milliseconds, got {args.rtt}")
+    runs = report.parse_runs(args.measure)
+    uneven = sorted({w for w, _ in runs if args.global_batch_size % w})
+    if uneven:
+        raise ConfigError(f"--global-batch-size: {args.global_batch_size} does not split over {uneven[0]} workers (--measure)")
+    from cluster.cli import check_job_module
+
+    check_job_module(args.job)
+    return {
+        "workers": report.parse_counts("--workers", args.workers),
+        "ps": report.parse_counts("--ps", args.ps),
+        "bandwidth": report.parse_bandwidth(args.bandwidth),
+        "runs": runs,
+        "cores": report.parse_cores(args.cores),
+    }
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    plan = checked(args)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM unwinds like Ctrl-C: each run is stopped and reaped
+    batch = args.global_batch_size
+    try:
+        observations = measure_runs(args, plan["runs"])
+        variables = job_variables(args.job, batch // max(plan["workers"]))  # rows touched by the largest count's share
+    except KeyboardInterrupt:
+        from cluster.errors import report as report_error
+
+        return report_error("pstrain plan: interrupted; the measured run was stopped and reaped", 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    costs = fit(observations)
+    print("pstrain plan: fitted costs (CPU seconds per step, as measured on this machine)")
+    print("\n".join(report.costs_lines(costs, batch)))
+    print(f"pstrain plan: {report.bytes_line(variables)}")
+    print("pstrain plan: the measured runs against the model with their tasks sharing this machine's cores")
+    for o in observations:
+        shared = Scenario(o.workers, o.ps, o.batch, None, cores=costs.cores)
+        p = predict(costs, variables, pstrain_placement(variables, o.ps), shared)
+        print(f"  {o.workers} workers, {o.ps} ps: measured {o.step_s * 1e3:.2f} ms, model {p.step_s * 1e3:.2f} ms")
+    cores = costs.cores if plan["cores"] == "here" else plan["cores"]
+    where = f"every task sharing {cores:.2f} cores" if cores else "a machine per task"
+    print(f"pstrain plan: predicted for global batch {batch}, {args.bandwidth} per machine, {args.rtt:g} ms round trip, {where}:")
+    rows = []
+    for workers in plan["workers"]:
+        for ps in plan["ps"]:
+            scenario = Scenario(workers, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores)
+            rows.append((workers, ps, predict(costs, variables, pstrain_placement(variables, ps), scenario)))
+    print("\n".join(report.table(rows)))
+    for workers in plan["workers"]:
+        scenario = Scenario(workers, 1, batch, plan["bandwidth"], args.rtt / 1e3, cores)
+        count, best = propose_ps(costs, variables, scenario)
+        chosen = Scenario(workers, count, batch, scenario.bandwidth, scenario.rtt_s, cores)
+        placement = balanced_placement(variables, costs, chosen)
+        print(
+            f"pstrain plan: {workers} workers: use {count} ps: {best.step_s * 1e3:.2f} ms per step, "
+            f"{best.examples_per_s:,.0f} examples/s, bound by {best.binding}; placement balanced by bytes and apply cost:"
+        )
+        print("\n".join(report.placement_lines(placement, best)))
+    return 0
+
+
+def measure_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> list[Observation]:
+    from cluster.forecast.measure import measure
+
+    observations = []
+    for workers, ps in runs:
+        print(f"pstrain plan: measuring {args.job} with {workers} workers and {ps} ps ({args.measure_steps} steps)", flush=True)
+        log = Path(args.log) if args.log else None
+        o = measure(args.job, workers, ps, args.global_batch_size, args.measure_steps, args.measure_steps // 3, log)
+        cpu = ", ".join(f"{role} {seconds * 1e3:.2f}" for role, seconds in sorted(o.cpu_s.items()))
+        print(f"  {o.step_s * 1e3:.2f} ms per step; CPU ms per step: {cpu}; {o.cores_busy:.2f} cores busy", flush=True)
+        observations.append(o)
+    return observations
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,216 @@
+"""The step at scale, as pure arithmetic: measured costs in, step time and the binding resource out.
+
+A synchronous step has four resources that each must do their share of it:
+- **worker compute**: one worker's CPU per step, `worker_base_s + worker_example_s * B / N +
+  worker_per_ps_s * P` (its fixed work, its share of the global batch, its requests to each ps);
+- **ps CPU**: the busiest ps, `ps_base_s + N * ps_request_s + N * ps_gradient_s * share` (its fixed
+  work, one request per gradient, and accumulating and applying its share of each gradient's bytes);
+- **ps network**: the busiest ps's bytes, N workers' pulls and pushes of what it holds, over the
+  bandwidth, plus two round trips per step; or one worker's bytes, if more;
+- **the chief**: its CPU per step, `chief_base_s + chief_per_worker_s * N + chief_sharded_s * [P > 1] +
+  chief_per_ps_s * (P - 1)` (measured: a step up from one ps to two, then less per ps).
+The predicted step is the largest of them (the one that binds), a roofline: the others overlap with it.
+Where every task shares `cores` cores (one machine, as in the measured run), all tasks' CPU over the
+cores is a fifth bound, `shared cores`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_SHARD_BYTES = 256 << 10  # as chief/state/sharding.py: variables at least this large split over the ps
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A trainable variable: its full size, and the bytes one worker pulls and pushes per step
+    (all of it when dense; the touched rows when its gradient is row-sparse)."""
+
+    name: str
+    bytes: int
+    rows: int
+    pull_bytes: float
+    push_bytes: float
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured run: wall seconds per step and CPU seconds per step by role (each role summed
+    over its tasks: `chief`, `ps`, `worker`)."""
+
+    workers: int
+    ps: int
+    batch: int
+    step_s: float
+    cpu_s: dict[str, float]
+
+    @property
+    def cores_busy(self) -> float:
+        return sum(self.cpu_s.values()) / self.step_s
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The fitted inputs of the model, seconds per step (see the module's docstring)."""
+
+    worker_base_s: float
+    worker_example_s: float
+    worker_per_ps_s: float
+    ps_base_s: float
+    ps_request_s: float
+    ps_gradient_s: float
+    chief_base_s: float
+    chief_per_worker_s: float
+    chief_sharded_s: float  # once there are two ps or more
+    chief_per_ps_s: float  # per ps beyond the first
+    cores: float  # the cores the measured run's tasks kept busy together
+
+
+@dataclass(frozen=True)
+class Scenario:
+    workers: int
+    ps: int
+    batch: int
+    bandwidth: float | None  # bytes/s of each task's network; None: transfers cost only CPU (loopback)
+    rtt_s: float = 0.0
+    cores: float | None = None  # all tasks share these cores (one machine); None: a machine per task
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A variable, or one shard of it, on one ps."""
+
+    name: str
+    fraction: float  # of the variable's rows
+    ps: int
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_s: float
+    examples_per_s: float
+    binding: str
+    loads: dict[str, float]  # seconds per step per resource
+    ps_cpu_s: tuple[float, ...]  # per ps
+    ps_bytes: tuple[float, ...]  # per ps, bytes per step (all workers, both ways)
+
+
+def nonnegative_fit(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: the best fit over the subsets of columns whose
+    unconstrained solution is non-negative (a handful of columns, so every subset is tried)."""
+    n = features.shape[1]
+    best, best_error = np.zeros(n), float(np.sum(target**2))
+    for size in range(1, n + 1):
+        for cols in itertools.combinations(range(n), size):
+            coef, *_ = np.linalg.lstsq(features[:, cols], target, rcond=None)
+            if np.all(coef >= 0):
+                error = float(np.sum((features[:, cols] @ coef - target) ** 2))
+                if error < best_error - 1e-18:
+                    full = np.zeros(n)
+                    full[list(cols)] = coef
+                    best, best_error = full, error
+    return best
+
+
+def fit(observations: Sequence[Observation]) -> Costs:
+    """The costs that best explain the runs (non-negative least squares per role). Needs runs with
+    two worker counts and two ps counts; raises ValueError otherwise. With only one and two ps, the
+    chief's step to two ps and its cost per further ps cannot be told apart: the fit takes the step
+    (the first of equal fits), so a third ps count (`1x4`) is what measures the slope."""
+    if len({o.workers for o in observations}) < 2 or len({o.ps for o in observations}) < 2:
+        raise ValueError("fit: give runs with at least two worker counts and two ps counts")
+    n = np.array([o.workers for o in observations], dtype=float)
+    p = np.array([o.ps for o in observations], dtype=float)
+    b = np.array([o.batch for o in observations], dtype=float)
+    ones = np.ones_like(n)
+    worker = nonnegative_fit(np.stack([n, b, n * p], 1), np.array([o.cpu_s.get("worker", 0.0) for o in observations]))
+    ps = nonnegative_fit(np.stack([p, n * p, n], 1), np.array([o.cpu_s.get("ps", 0.0) for o in observations]))
+    chief = nonnegative_fit(
+        np.stack([ones, n, (p > 1).astype(float), p - 1], 1), np.array([o.cpu_s.get("chief", 0.0) for o in observations])
+    )
+    cores = float(np.mean([o.cores_busy for o in observations]))
+    return Costs(*map(float, (*worker, *ps, *chief)), cores=cores)
+
+
+def shards(variable: Variable, num_ps: int) -> int:
+    """How many shards pstrain splits a variable into over `num_ps` ps (MinSizePartitioner's rule)."""
+    if num_ps < 2:
+        return 1
+    return max(1, min(num_ps, variable.rows, variable.bytes // MIN_SHARD_BYTES))
+
+
+def pstrain_placement(variables: Sequence[Variable], num_ps: int) -> list[Piece]:
+    """Where pstrain puts the variables today: large ones split in equal shards, every piece on the
+    next ps in turn (the strategy's round robin, in creation order)."""
+    pieces, turn = [], 0
+    for v in variables:
+        count = shards(v, num_ps)
+        for _ in range(count):
+            pieces.append(Piece(v.name, 1.0 / count, turn % num_ps))
+            turn += 1
+    return pieces
+
+
+def balanced_placement(variables: Sequence[Variable], costs: Costs, scenario: Scenario) -> list[Piece]:
+    """A placement balanced by each piece's ps time per step (its bytes over the bandwidth and its
+    share of the apply's CPU): the same shards as pstrain's, the largest first, each on the ps with
+    the least load so far."""
+    num_ps = scenario.ps
+    parts = [(v, 1.0 / shards(v, num_ps)) for v in variables for _ in range(shards(v, num_ps))]
+    parts.sort(key=lambda part: -_piece_load(part[0], part[1], variables, costs, scenario))
+    load, pieces = [0.0] * num_ps, []
+    for v, fraction in parts:
+        target = min(range(num_ps), key=lambda i: (load[i], i))
+        load[target] += _piece_load(v, fraction, variables, costs, scenario)
+        pieces.append(Piece(v.name, fraction, target))
+    return pieces
+
+
+def _piece_load(v: Variable, fraction: float, variables: Sequence[Variable], costs: Costs, scenario: Scenario) -> float:
+    total_push = sum(x.push_bytes for x in variables) or 1.0
+    cpu = scenario.workers * costs.ps_gradient_s * v.push_bytes * fraction / total_push
+    net = scenario.workers * (v.pull_bytes + v.push_bytes) * fraction / scenario.bandwidth if scenario.bandwidth else 0.0
+    return max(cpu, net) + 1e-12 * fraction * v.bytes  # ties: the larger piece first
+
+
+def predict(costs: Costs, variables: Sequence[Variable], placement: Sequence[Piece], scenario: Scenario) -> Prediction:
+    """The step of `scenario` with the variables placed as `placement` says (see the module's docstring)."""
+    n, p = scenario.workers, scenario.ps
+    by_name = {v.name: v for v in variables}
+    total_push = sum(v.push_bytes for v in variables)
+    push, pull = [0.0] * p, [0.0] * p
+    for piece in placement:
+        v = by_name[piece.name]
+        push[piece.ps] += v.push_bytes * piece.fraction
+        pull[piece.ps] += v.pull_bytes * piece.fraction
+    shares = [x / total_push if total_push else 1.0 / p for x in push]
+    ps_cpu = tuple(costs.ps_base_s + n * costs.ps_request_s + n * costs.ps_gradient_s * s for s in shares)
+    ps_bytes = tuple(n * (a + b) for a, b in zip(pull, push, strict=True))
+    worker = costs.worker_base_s + costs.worker_example_s * scenario.batch / n + costs.worker_per_ps_s * p
+    chief = costs.chief_base_s + costs.chief_per_worker_s * n + (costs.chief_sharded_s if p > 1 else 0.0)
+    chief += costs.chief_per_ps_s * (p - 1)
+    network = 0.0
+    if scenario.bandwidth:
+        one_worker = sum(v.pull_bytes + v.push_bytes for v in variables)
+        network = max(one_worker, *ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
+    loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": network, "chief": chief}
+    if scenario.cores:
+        loads["shared cores"] = (n * worker + sum(ps_cpu) + chief) / scenario.cores
+    binding = max(loads, key=lambda k: loads[k])
+    step = loads[binding]
+    return Prediction(step, scenario.batch / step, binding, loads, ps_cpu, ps_bytes)
+
+
+def propose_ps(costs: Costs, variables: Sequence[Variable], scenario: Scenario, most: int = 64) -> tuple[int, Prediction]:
+    """The fewest ps (1..most) whose predicted step, with the balanced placement, is within 5 % of the
+    best over that range; with its prediction."""
+    results = []
+    for p in range(1, most + 1):
+        trial = Scenario(scenario.workers, p, scenario.batch, scenario.bandwidth, scenario.rtt_s, scenario.cores)
+        results.append((p, predict(costs, variables, balanced_placement(variables, costs, trial), trial)))
+    best = min(r.step_s for _, r in results)
+    return next((p, r) for p, r in results if r.step_s <= best * 1.05)

@@ -1,0 +1,109 @@
+"""`pstrain plan`'s input parsing and its printed table: pure functions."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from cluster.errors import ConfigError
+from cluster.forecast.model import Costs, Piece, Prediction, Variable
+
+UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
+UNITS |= {"kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8, "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
+RESOURCES = ("worker compute", "ps CPU", "ps network", "chief", "shared cores")
+
+
+def parse_bandwidth(text: str) -> float | None:
+    """'10Gbit', '25 Gbit/s', '1.25GB/s' -> bytes per second; 'loopback' -> None (transfers are copies
+    on one machine, already in the measured CPU)."""
+    if text == "loopback":
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)(/s)?\s*", text or "")
+    unit = match.group(2).lower() + (match.group(3) or "") if match else ""
+    unit = unit.removesuffix("/s") if unit.endswith("bit/s") else unit
+    if not match or unit not in UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(f"--bandwidth: expected a rate like 10Gbit, 25Gbit/s or 1.25GB/s (or loopback), got {text!r}")
+    return float(match.group(1)) * UNITS[unit]
+
+
+def parse_counts(flag: str, text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; each a positive integer."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"{flag}: expected positive whole numbers separated by commas (like 1,2,4), got {text!r}")
+    return counts
+
+
+def parse_cores(text: str) -> float | str | None:
+    """'' -> None (a machine per task); 'here' -> 'here' (the cores the measured runs kept busy); '8' -> 8.0."""
+    if text in ("", "here"):
+        return text or None
+    try:
+        cores = float(text)
+    except ValueError:
+        cores = 0.0
+    if cores <= 0:
+        raise ConfigError(f"--cores: expected a number of cores above 0, or 'here', got {text!r}")
+    return cores
+
+
+def parse_runs(text: str) -> list[tuple[int, int]]:
+    """'1x1,2x1,1x2,2x2' -> [(workers, ps), ...]: the measured runs; at least two worker counts and
+    two ps counts, so the fit can separate what grows with each."""
+    runs = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)x(\d+)\s*", part)
+        if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+            raise ConfigError(f"--measure: expected WORKERSxPS pairs like 1x1,2x1,1x2,2x2, got {text!r}")
+        runs.append((int(match.group(1)), int(match.group(2))))
+    if len({w for w, _ in runs}) < 2 or len({p for _, p in runs}) < 2:
+        raise ConfigError(f"--measure: give at least two worker counts and two ps counts (like 1x1,2x1,1x2,2x2), got {text!r}")
+    return runs
+
+
+def costs_lines(costs: Costs, batch: int) -> list[str]:
+    ms = 1e3
+    return [
+        f"  worker: {costs.worker_base_s * ms:.2f} ms per step + {costs.worker_example_s * ms * batch:.2f} ms per global batch"
+        f" ({costs.worker_example_s * 1e6:.1f} us per example) + {costs.worker_per_ps_s * ms:.2f} ms per ps",
+        f"  ps: {costs.ps_base_s * ms:.2f} ms per step + {costs.ps_request_s * ms:.2f} ms per gradient per ps"
+        f" + {costs.ps_gradient_s * ms:.2f} ms per gradient, split by bytes",
+        f"  chief: {costs.chief_base_s * ms:.2f} ms per step + {costs.chief_per_worker_s * ms:.3f} ms per worker"
+        f" + {costs.chief_sharded_s * ms:.2f} ms with 2 ps or more + {costs.chief_per_ps_s * ms:.2f} ms per ps beyond the first",
+        f"  cores kept busy by the measured runs: {costs.cores:.2f}",
+    ]
+
+
+def bytes_line(variables: Sequence[Variable]) -> str:
+    sparse = [v for v in variables if v.push_bytes < v.bytes]
+    moved = sum(v.pull_bytes + v.push_bytes for v in variables)
+    named = ", ".join(f"{short(v.name)} {v.push_bytes / 1024:.1f} KiB of {v.bytes / 2**20:.1f} MiB" for v in sparse) or "none"
+    return f"bytes per worker per step: {moved / 2**20:.3f} MiB (pull and push), {len(variables)} variables; row-sparse: {named}"
+
+
+def table(predictions: Sequence[tuple[int, int, Prediction]]) -> list[str]:
+    shown = [r for r in RESOURCES if any(r in p.loads for _, _, p in predictions)]
+    head = "| workers | ps | step ms | examples/s | " + " | ".join(f"{r} ms" for r in shown) + " | binds |"
+    lines = [head, "|---" * (5 + len(shown)) + "|"]
+    for workers, ps, p in predictions:
+        loads = " | ".join(f"{p.loads[r] * 1e3:.2f}" for r in shown)
+        lines.append(f"| {workers} | {ps} | {p.step_s * 1e3:.2f} | {p.examples_per_s:,.0f} | {loads} | {p.binding} |")
+    return lines
+
+
+def placement_lines(placement: Sequence[Piece], prediction: Prediction) -> list[str]:
+    lines = []
+    for ps in range(len(prediction.ps_cpu_s)):
+        names = [short(p.name) + (f" (1/{round(1 / p.fraction)})" if p.fraction < 1 else "") for p in placement if p.ps == ps]
+        lines.append(
+            f"  ps:{ps}: CPU {prediction.ps_cpu_s[ps] * 1e3:.2f} ms, {prediction.ps_bytes[ps] / 2**20:.2f} MiB per step: "
+            + (", ".join(names) or "nothing")
+        )
+    return lines
+
+
+def short(name: str) -> str:
+    return name.removesuffix(":0")

@@ -1,0 +1,134 @@
+"""The step-at-scale model's arithmetic and decisions (cluster/forecast/model.py), on made-up costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.forecast.model import (
+    Costs,
+    Observation,
+    Scenario,
+    Variable,
+    balanced_placement,
+    fit,
+    nonnegative_fit,
+    predict,
+    propose_ps,
+    pstrain_placement,
+    shards,
+)
+
+pytestmark = pytest.mark.pure
+
+MS = 1e-3
+TABLE = Variable("table", 256 << 20, 1_000_000, 400_000, 400_000)  # row-sparse: 400 kB touched per step
+KERNEL = Variable("kernel", 16_384, 64, 16_384, 16_384)
+BIAS = Variable("bias", 256, 64, 256, 256)
+
+
+def costs(**changes: float) -> Costs:
+    base = dict(
+        worker_base_s=2 * MS,
+        worker_example_s=0.2 * MS,
+        worker_per_ps_s=0.5 * MS,
+        ps_base_s=1 * MS,
+        ps_request_s=0.2 * MS,
+        ps_gradient_s=1 * MS,
+        chief_base_s=0.5 * MS,
+        chief_per_worker_s=0.01 * MS,
+        chief_sharded_s=0.0,
+        chief_per_ps_s=0.1 * MS,
+        cores=2.0,
+    )
+    return Costs(**{**base, **changes})
+
+
+def test_prediction_arithmetic_by_hand():
+    c, v = costs(), [TABLE, KERNEL]
+    scenario = Scenario(workers=4, ps=1, batch=128, bandwidth=1.25e9, rtt_s=0.1 * MS)
+    got = predict(c, v, pstrain_placement(v, 1), scenario)
+    worker = 2 + 0.2 * 128 / 4 + 0.5 * 1  # ms
+    ps = 1 + 4 * 0.2 + 4 * 1.0
+    net = 4 * 2 * (400_000 + 16_384) / 1.25e9 / MS + 2 * 0.1
+    chief = 0.5 + 0.04  # one ps: neither the step to two ps nor a cost per further ps
+    want = {"worker compute": worker, "ps CPU": ps, "ps network": net, "chief": chief}
+    assert got.loads == pytest.approx({k: v * MS for k, v in want.items()})
+    assert got.binding == "worker compute" and got.step_s == pytest.approx(worker * MS)
+    assert got.examples_per_s == pytest.approx(128 / (worker * MS))
+
+
+def test_each_resource_can_bind():
+    v = [TABLE, KERNEL]
+
+    def binding(c: Costs, bandwidth: float | None = None, workers: int = 4, cores: float | None = None) -> str:
+        s = Scenario(workers, 1, 128, bandwidth, cores=cores)
+        return predict(c, v, pstrain_placement(v, 1), s).binding
+
+    assert binding(costs()) == "worker compute"
+    assert binding(costs(), workers=16) == "ps CPU"  # 1 + 16 * 1.2 ms on the ps against 4.1 ms per worker
+    assert binding(costs(), bandwidth=1.25e8) == "ps network"  # 1 Gbit: 4 workers' 3.3 MB take 27 ms
+    assert binding(costs(chief_base_s=50 * MS)) == "chief"
+    assert binding(costs(), cores=2.0) == "shared cores"  # every task on 2 cores
+
+
+def test_shards_follow_pstrains_partitioner():
+    assert shards(TABLE, 1) == 1 and shards(TABLE, 4) == 4
+    assert shards(KERNEL, 4) == 1 and shards(BIAS, 4) == 1  # under 256 KiB: whole
+    assert shards(Variable("small_table", 512 << 10, 3, 1, 1), 8) == 2  # at most bytes / 256 KiB
+    placed = pstrain_placement([TABLE, KERNEL, BIAS], 2)
+    want = [("table", 0.5, 0), ("table", 0.5, 1), ("kernel", 1, 0), ("bias", 1, 1)]
+    assert [(p.name, p.fraction, p.ps) for p in placed] == want
+
+
+def test_balanced_placement_evens_the_ps_and_never_does_worse_than_round_robin():
+    big = [Variable(f"v{i}", 200_000, 10, size, size) for i, size in enumerate((200_000, 10, 200_000, 10, 10, 10))]
+    c, s = costs(), Scenario(8, 2, 128, 1.25e9)
+    rr, balanced = predict(c, big, pstrain_placement(big, 2), s), predict(c, big, balanced_placement(big, c, s), s)
+    assert rr.ps_bytes[0] > 1.5 * rr.ps_bytes[1]  # round robin puts both large ones on ps 0
+    assert balanced.ps_bytes[0] == pytest.approx(balanced.ps_bytes[1], rel=0.01)
+    assert balanced.step_s < rr.step_s
+
+
+def test_propose_ps_takes_the_fewest_near_the_best():
+    c, v = costs(worker_example_s=0.0, worker_per_ps_s=0.0), [TABLE]
+    count, best = propose_ps(c, v, Scenario(16, 1, 128, None), most=16)
+    # the table in P equal shards: each ps spends 1 + 16 * 0.2 + 16 / P ms, against 2 ms per worker, so the
+    # ps binds at every P; the best (P = 16) is 5.2 ms, and 16 / P <= 5.46 - 4.2 first holds at P = 13
+    assert count == 13 and best.binding == "ps CPU"
+    assert best.step_s == pytest.approx((4.2 + 16 / 13) * MS)
+    few, _ = propose_ps(costs(ps_gradient_s=0.0), v, Scenario(16, 1, 128, None), most=8)
+    assert few == 1  # nothing on the ps scales with its count: one is enough
+
+
+def test_fit_recovers_the_costs_that_made_the_runs():
+    truth = costs(chief_per_worker_s=0.0, chief_sharded_s=3 * MS)
+    runs = []
+    for workers, num_ps in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
+        s = Scenario(workers, num_ps, 64, None, cores=truth.cores)
+        p = predict(truth, [KERNEL], pstrain_placement([KERNEL], num_ps), s)
+        cpu = {"worker": workers * p.loads["worker compute"], "ps": sum(p.ps_cpu_s), "chief": p.loads["chief"]}
+        runs.append(Observation(workers, num_ps, 64, p.step_s, cpu))
+    got = fit(runs)
+    assert got.worker_base_s == pytest.approx(truth.worker_base_s, rel=1e-6)
+    assert got.worker_example_s == pytest.approx(truth.worker_example_s, rel=1e-6)
+    assert got.ps_base_s == pytest.approx(truth.ps_base_s, rel=1e-6)
+    assert got.ps_request_s == pytest.approx(truth.ps_request_s, rel=1e-6)
+    assert got.ps_gradient_s == pytest.approx(truth.ps_gradient_s, rel=1e-6)
+    assert got.chief_per_ps_s == pytest.approx(truth.chief_per_ps_s, rel=1e-6)
+    assert got.chief_sharded_s == pytest.approx(truth.chief_sharded_s, rel=1e-6)  # told apart by the run on 4 ps
+    assert 1.0 < got.cores <= truth.cores  # the cores kept busy: all 2 where they bound, fewer where one worker did
+
+
+def test_fit_refuses_runs_that_cannot_separate_the_costs():
+    one = Observation(2, 1, 64, 0.01, {"worker": 0.01, "ps": 0.005, "chief": 0.001})
+    with pytest.raises(ValueError, match="two worker counts and two ps counts"):
+        fit([one, Observation(4, 1, 64, 0.02, one.cpu_s)])
+
+
+def test_nonnegative_fit_drops_a_column_that_would_go_negative():
+    import numpy as np
+
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])  # falls with the second column: its coefficient is held at 0
+    coef = nonnegative_fit(x, y)
+    assert coef[1] == 0 and coef[0] == pytest.approx(2.0)

@@ -1,0 +1,61 @@
+"""`pstrain plan`'s flags and printed lines (cluster/forecast/report.py): pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.errors import ConfigError
+from cluster.forecast.model import Piece, Prediction, Variable
+from cluster.forecast.report import bytes_line, parse_bandwidth, parse_cores, parse_counts, parse_runs, placement_lines, table
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.mark.parametrize(
+    ("text", "bytes_per_s"),
+    [("10Gbit", 1.25e9), ("10Gbps", 1.25e9), ("25Gbit/s", 3.125e9), ("1.25GB/s", 1.25e9), ("100 Mbit", 1.25e7)],
+)
+def test_bandwidth_units(text, bytes_per_s):
+    assert parse_bandwidth(text) == pytest.approx(bytes_per_s)
+
+
+@pytest.mark.parametrize("text", ["fast", "10", "0Gbit", "10GB", "-1Gbit", ""])
+def test_bad_bandwidth_is_one_line_naming_the_flag(text):
+    with pytest.raises(ConfigError, match=r"^--bandwidth: expected a rate like 10Gbit"):
+        parse_bandwidth(text)
+
+
+def test_counts_cores_and_runs():
+    assert parse_bandwidth("loopback") is None
+    assert parse_counts("--ps", "1,2,4") == [1, 2, 4]
+    assert parse_cores("") is None and parse_cores("here") == "here" and parse_cores("8") == 8.0
+    assert parse_runs("1x1, 2x1,1x2,2x2") == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    for flag, bad in (("--ps", "0,1"), ("--ps", "1,,2"), ("--workers", "x")):
+        with pytest.raises(ConfigError, match=f"^{flag}: expected positive whole numbers"):
+            parse_counts(flag, bad)
+    with pytest.raises(ConfigError, match="^--cores: expected a number of cores above 0"):
+        parse_cores("-2")
+    with pytest.raises(ConfigError, match="^--measure: expected WORKERSxPS pairs"):
+        parse_runs("1x1,2by1")
+    with pytest.raises(ConfigError, match="^--measure: give at least two worker counts and two ps counts"):
+        parse_runs("1x1,2x1")
+
+
+def test_table_and_placement_lines():
+    p = Prediction(
+        0.010,
+        6400.0,
+        "ps CPU",
+        {"worker compute": 0.004, "ps CPU": 0.010, "ps network": 0.002, "chief": 0.001},
+        (0.010, 0.008),
+        (3 * 2**20, 2**20),
+    )
+    lines = table([(16, 2, p)])
+    assert (
+        lines[0] == "| workers | ps | step ms | examples/s | worker compute ms | ps CPU ms | ps network ms | chief ms | binds |"
+    )
+    assert lines[2] == "| 16 | 2 | 10.00 | 6,400 | 4.00 | 10.00 | 2.00 | 1.00 | ps CPU |"
+    placed = placement_lines([Piece("t:0", 0.5, 0), Piece("t:0", 0.5, 1), Piece("b:0", 1.0, 1)], p)
+    assert placed == ["  ps:0: CPU 10.00 ms, 3.00 MiB per step: t (1/2)", "  ps:1: CPU 8.00 ms, 1.00 MiB per step: t (1/2), b"]
+    line = bytes_line([Variable("t:0", 2**20, 1024, 2048, 2048), Variable("b:0", 64, 16, 64, 64)])
+    assert line.endswith("2 variables; row-sparse: t 2.0 KiB of 1.0 MiB")

@@ -1,0 +1,63 @@
+"""`pstrain plan` against the step it predicts, measured here: the model fitted from its five short
+runs (1 and 2 workers on 1 and 2 ps, 1 worker on 4 ps) must predict each of them, and the 4-worker
+runs on 1 and 2 ps it did not see, within 25 %. Every task shares this machine's cores, so the
+prediction is for tasks sharing the cores the measured runs kept busy (`--cores here`, `--bandwidth
+loopback`), and the 4-worker steps are measured in the same test, under the same load."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import pytest
+
+from cluster.forecast.measure import measure
+from tests.helpers import assert_no_orphans, descendant_pids, run_pstrain
+
+pytestmark = pytest.mark.cluster
+
+JOB, BATCH, STEPS = "chief.jobs.digits", 64, 300
+TOLERANCE = 0.25
+
+
+def test_plan_predicts_the_measured_step_within_a_quarter():
+    args = ["plan", "--job", JOB, "--global-batch-size", str(BATCH), "--measure-steps", str(STEPS)]
+    result = run_pstrain([*args, "--workers", "4", "--ps", "1,2", "--cores", "here", "--bandwidth", "loopback"], timeout=400)
+    assert result.returncode == 0, result.output
+    assert_no_orphans(result)
+    pairs = {}  # (workers, ps) -> (measured ms, predicted ms)
+    for w, p, measured, model in re.findall(r"(\d+) workers, (\d+) ps: measured ([\d.]+) ms, model ([\d.]+) ms", result.output):
+        pairs[int(w), int(p)] = float(measured), float(model)
+    predicted = {int(p): float(ms) for p, ms in re.findall(r"^\| 4 \| (\d) \| ([\d.]+) \|", result.output, re.M)}
+    assert sorted(pairs) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)] and sorted(predicted) == [1, 2], result.output
+    for ps in (1, 2):
+        pairs[4, ps] = measure(JOB, 4, ps, BATCH, STEPS, STEPS // 3).step_s * 1e3, predicted[ps]
+    errors = {key: model / measured - 1 for key, (measured, model) in pairs.items()}
+    print(
+        "\n".join(
+            f"{w} workers {p} ps: measured {pairs[w, p][0]:.2f} ms, model {pairs[w, p][1]:.2f} ms, {e:+.0%}"
+            for (w, p), e in sorted(errors.items())
+        )
+    )
+    assert all(abs(e) <= TOLERANCE for e in errors.values()), (errors, result.output)
+
+
+def test_plan_interrupted_mid_measurement_stops_and_reaps_its_run():
+    def started() -> bool:
+        from tests import helpers
+
+        return len(descendant_pids({helpers.current_launcher})) >= 4  # the launcher, the chief and its servers
+
+    result = run_pstrain(["plan", "--job", JOB, "--measure-steps", "5000"], timeout=120, signal_when=started, send=signal.SIGINT)
+    assert result.returncode == 130, result.output
+    assert result.output.strip().endswith("pstrain: error: pstrain plan: interrupted; the measured run was stopped and reaped")
+    assert_no_orphans(result)
+
+
+def test_plan_of_a_job_whose_run_fails_says_so_in_one_line():
+    result = run_pstrain(["plan", "--job", "tests.jobs.broken:Raises", "--measure-steps", "200"], timeout=120)
+    assert result.returncode == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last == "pstrain: error: pstrain plan: the measured run (1 workers, 1 ps) exited with 2; --log FILE keeps its output"
+    assert "Traceback" not in result.output
+    assert_no_orphans(result)
