@@ -54,7 +54,7 @@ def sample_features(job: Any, n: int) -> Any:
     """`n` examples' features from the job's training data, whichever source it defines."""
     import tensorflow as tf
 
-    from chief.job import rows
+    from chief.data.arrays import rows
 
     if job.train_dataset is not None:
         features = next(iter(job.train_dataset().batch(n).take(1)))[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
-from cluster.config import Config, load_toml, parse_address, resolve, with_train
+from cluster.config import Config, check_job_module, load_toml, parse_address, resolve, with_train
 from cluster.control.security import Credentials, load_token
 from cluster.errors import ConfigError, PstrainError, report
 from cluster.rundir import default_run_dir
@@ -208,17 +207,6 @@ def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
     if not config.train.run_dir:
         config = with_train(config, run_dir=default_run_dir(config.train.job))
     return config
-
-
-def check_job_module(spec: str) -> None:
-    """Fail before any process starts when the job's module cannot be found at all."""
-    module = spec.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError(f"train.job: module {module!r} not found; give an importable package.module (is it on PYTHONPATH?)")
 
 
 def main(argv: list[str] | None = None) -> int:

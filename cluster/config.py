@@ -7,6 +7,7 @@ one-line message naming the field and the fix.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -310,3 +311,14 @@ def is_local_host(host: str, local_addresses: frozenset[str] = frozenset()) -> b
 
 def with_train(config: Config, **changes: Any) -> Config:
     return replace(config, train=replace(config.train, **changes))
+
+
+def check_job_module(spec: str) -> None:
+    """Fail before any process starts when the job's module cannot be found at all."""
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"train.job: module {module!r} not found; give an importable package.module (is it on PYTHONPATH?)")

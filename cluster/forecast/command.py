@@ -7,7 +7,7 @@ import argparse
 import signal
 from pathlib import Path
 
-from cluster.config import DEFAULT_JOB
+from cluster.config import DEFAULT_JOB, check_job_module
 from cluster.errors import ConfigError
 from cluster.forecast import report
 from cluster.forecast.model import Observation, Scenario, balanced_placement, fit, predict, propose_ps, pstrain_placement
@@ -44,8 +44,6 @@ def checked(args: argparse.Namespace) -> dict:
     uneven = sorted({w for w, _ in runs if args.global_batch_size % w})
     if uneven:
         raise ConfigError(f"--global-batch-size: {args.global_batch_size} does not split over {uneven[0]} workers (--measure)")
-    from cluster.cli import check_job_module
-
     check_job_module(args.job)
     return {
         "workers": report.parse_counts("--workers", args.workers),

@@ -21,6 +21,7 @@ import psutil
 
 from cluster.errors import ConfigError
 from cluster.forecast.model import Observation
+from cluster.rundir import RunDir
 
 
 def role_of(process: psutil.Process) -> str:
@@ -89,7 +90,7 @@ def measure(job: str, workers: int, ps: int, batch: int, steps: int, warmup: int
 def _window(launcher: subprocess.Popen, run_dir: Path, workers: int, ps: int, batch: int, steps: int, warmup: int) -> Observation:
     """Snapshot every role's CPU each time the step count moves; the window runs from the first
     snapshot at or past `warmup` to the last one."""
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
 
     def applied() -> int:
         try:
