@@ -293,21 +293,34 @@ def med(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
-    base = med(runs["pstrain"], "step_s")
+def spread(runs: list[dict], key: str, scale: float = 1.0) -> str:
+    """The median of the rounds, and their range where there are several."""
+    values = [r[key] * scale for r in runs]
+    text = f"{statistics.median(values):.1f}"
+    return text + (f" ({min(values):.1f}–{max(values):.1f})" if len(values) > 1 else "")
+
+
+def peer_rows(runs: dict[str, list[dict]], batch: int) -> list[str]:
+    """The table of peers: medians over the rounds (their range), pstrain's examples/s over each's."""
+    base = med(runs["pstrain"], "step_s") if runs.get("pstrain") else None
     lines = [
-        f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)",
-        "| peer | ms/step | examples/s | pstrain ÷ peer (examples/s) | start-up s |",
+        "| peer | ms/step (range) | examples/s | pstrain ÷ peer (examples/s) | start-up s (range) |",
         "|---|---|---|---|---|",
     ]
     for peer, label in NAMES.items():
-        if peer not in runs or not runs[peer]:
+        if not runs.get(peer):
             continue
         step = med(runs[peer], "step_s")
-        lines.append(
-            f"| {label} | {step * 1000:.1f} | {batch / step:,.0f} | {step / base:.2f}× | {med(runs[peer], 'startup_s'):.1f} |"
-        )
-    if "pstrain" not in runs:
+        ratio = f"{step / base:.2f}×" if base else "–"
+        cells = [label, spread(runs[peer], "step_s", 1000), f"{batch / step:,.0f}", ratio, spread(runs[peer], "startup_s")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+    base = med(runs["pstrain"], "step_s") if runs.get("pstrain") else 0.0
+    lines = [f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)", *peer_rows(runs, batch)]
+    if not runs.get("pstrain"):
         return "\n".join(lines)
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     limit = med(runs["transfer"], "step_s")

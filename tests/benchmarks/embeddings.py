@@ -207,21 +207,12 @@ def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, dev
 
 
 def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
-    from tests.benchmarks.bench import NAMES, startup_line
+    from tests.benchmarks.bench import peer_rows, startup_line
 
     med = {peer: statistics.median(r["step_s"] for r in rs) for peer, rs in runs.items() if rs}
     base = med["pstrain"]
-    lines = [
-        f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP, global batch {batch} x {TOKENS} tokens",
-        "| peer | ms/step | examples/s | pstrain ÷ peer (examples/s) | start-up s |",
-        "|---|---|---|---|---|",
-    ]
-    for peer, label in NAMES.items():
-        if peer in med:
-            startup = statistics.median(r["startup_s"] for r in runs[peer])
-            lines.append(
-                f"| {label} | {med[peer] * 1000:.1f} | {batch / med[peer]:,.0f} | {med[peer] / base:.2f}× | {startup:.1f} |"
-            )
+    title = f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP, global batch {batch} x {TOKENS} tokens"
+    lines = [title, *peer_rows(runs, batch)]
     transfer = runs["transfer"][0]
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     lines.append(
