@@ -68,7 +68,9 @@ def test_embedding_benchmark_runs_every_peer_as_its_name_says(tmp_path):
     assert first["data_digest"] != second["data_digest"] and first["initial_sums"] == second["initial_sums"]
     assert first["sums"] == pytest.approx(second["sums"], rel=1e-7, abs=1e-9), (first["sums"], second["sums"])
     moved = [abs(a - b) for a, b in zip(first["sums"], first["initial_sums"], strict=True)]
-    assert min(moved[1:]) > 1e-4, moved  # every dense variable moved, by far more than the tolerance above
+    # The table and the hidden layer moved by far more than the tolerance above (the logits' bias sums
+    # a softmax gradient, zero by construction, so its sum barely moves).
+    assert sum(m > 1e-4 for m in moved) >= 3, moved
 
 
 def test_embedding_scaling_runs_pstrain_and_tf1_at_every_worker_count(tmp_path):
