@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.benchmarks.bench import PEERS
+from tests.benchmarks.bench import PEERS, PROBES
 from tests.benchmarks.embeddings import PEERS as EMBEDDING_PEERS
 from tests.benchmarks.fair import PER_DISPATCH, chunks
 from tests.benchmarks.window import measure
@@ -27,12 +27,12 @@ def test_benchmark_command_runs_every_peer(tmp_path):
     result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]["1m"]
-    assert set(runs) == {*PEERS, "transfer"}
+    assert set(runs) == {*PEERS, *PROBES}
     assert all(run[0]["step_s"] > 0 for run in runs.values())
     phases = runs["pstrain"][0]["startup_phases"]  # the chief's start-up, from its log
     assert "process start and imports" in phases and "first step" in phases and all(v >= 0 for v in phases.values())
     assert sum(phases.values()) <= runs["pstrain"][0]["startup_s"] + 1.0, "the chief's phases fit in launch to first step"
-    assert "| pstrain sync, 2 workers |" in result.stdout and "× the limit" in result.stdout
+    assert "| pstrain sync, 2 workers |" in result.stdout and "transfer-looped " in result.stdout
     assert "| pstrain sync, 2 workers, 1 step per dispatch |" in result.stdout
     assert "pstrain launch to first step" in result.stdout
 
@@ -45,7 +45,7 @@ def test_embedding_benchmark_runs_every_peer_as_its_name_says(tmp_path):
     result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = {peer: rs[0] for peer, rs in json.loads(out.read_text())["runs"]["1m"].items()}
-    assert set(runs) == {*EMBEDDING_PEERS, "transfer"}
+    assert set(runs) == {*EMBEDDING_PEERS, *PROBES}
     assert runs["transfer"]["rows_per_slot"] > 0 and "rows touched per slot" in result.stdout
     for peer, run in runs.items():  # one timing definition: recomputed from each peer's own samples
         assert run == {**run, **measure(run["samples"], steps, run["t_launch"])}, peer
@@ -57,6 +57,9 @@ def test_embedding_benchmark_runs_every_peer_as_its_name_says(tmp_path):
     tuned, k = runs["async"], PER_DISPATCH
     assert tuned["per_closure"] == k and tuned["closures"] == 2 * len(chunks(steps, k)) and tuned["iterations"] == 2 * steps
     assert runs["async-1step"]["per_closure"] == 1 and runs["async-1step"]["closures"] == 2 * steps
+    # The transfer limit both ways: a join every step, and k moves per closure (one sample per closure).
+    looped = runs["transfer-looped"]
+    assert [s[0] for s in looped["samples"]] == [1, 1 + k, steps] and f"{k} steps per closure" in looped["setup"]
     # TF1: one update per global step from N = 2 gradients: both workers' runs, about twice the steps
     # (an apply per gradient would make the global step the sum of the runs); no Keras in its processes.
     tf1 = runs["tf1"]

@@ -133,7 +133,7 @@ def launch_peer(module: str, peer: str, size: str, batch: int, steps: int, worke
     the result of its reporter (every worker's for mwms, in "reports"), measured by window.measure."""
     me = [PY, "-m", module, peer, size, str(batch), str(steps)]
     t_launch = time.time()
-    if peer in ("async", "async-1step", "transfer"):
+    if peer in ("async", "async-1step", "transfer", "transfer-looped"):
         addresses = free_ports(2 + workers)
         cluster = {"chief": addresses[:1], "ps": addresses[1:2], "worker": addresses[2:]}
         tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
@@ -269,9 +269,9 @@ def main() -> int:
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        runs: dict[str, list[dict]] = {p: [] for p in [*peers, "transfer"]}
+        runs: dict[str, list[dict]] = {p: [] for p in [*peers, *PROBES]}
         for repeat in range(args.repeats):  # interleaved: every peer once per round, the order rotating
-            for peer in rotated([*peers, "transfer"], repeat):
+            for peer in rotated([*peers, *PROBES], repeat):
                 r = run_peer(peer, size, batch, args.steps, args.device)
                 runs[peer].append(r)
                 print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
@@ -291,6 +291,17 @@ def main() -> int:
 
 def med(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
+
+
+PROBES = ("transfer", "transfer-looped")  # the same bytes without compute: a closure per step, and 16 per closure
+
+
+def limit_text(runs: dict[str, list[dict]], base: float) -> str:
+    """The transfer limit both ways (a join every step; 16 steps per closure, one join) and pstrain's step over each."""
+    bytes_ = runs["transfer"][0]["bytes_per_step"]
+    limits = {p: med(runs[p], "step_s") for p in PROBES if runs.get(p)}
+    parts = [f"{p} {limit * 1000:.1f} ms (step = {base / limit:.2f}×)" for p, limit in limits.items()]
+    return f"transfer limit (the same {bytes_ / 2**20:.2f} MiB over TF gRPC): " + ", ".join(parts)
 
 
 def spread(runs: list[dict], key: str, scale: float = 1.0) -> str:
@@ -323,12 +334,9 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
     if not runs.get("pstrain"):
         return "\n".join(lines)
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
-    limit = med(runs["transfer"], "step_s")
     lines.append(
         f"\npstrain step {base * 1000:.1f} ms = the chief's dispatch {timing['dispatch'] * 1000:.1f} + steps on workers and ps "
-        f"{timing['steps'] * 1000:.1f} (shares of a block); transfer limit (the same "
-        f"{runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB over TF gRPC) {limit * 1000:.1f} ms → step = "
-        f"{base / limit:.2f}× the limit"
+        f"{timing['steps'] * 1000:.1f} (shares of a block); {limit_text(runs, base)}"
     )
     lines.append(startup_line(runs["pstrain"]))
     return "\n".join(lines)

@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -119,11 +118,12 @@ def touched_rows(batch: int, workers: int) -> int:
 # ---- peer roles (each runs in its own process) ----
 
 
-def role_transfer(size: str, batch: int, steps: int) -> None:
-    """The touched rows (and the dense layers) read from the ps and as many values written back, per worker."""
+def role_transfer(size: str, batch: int, steps: int, k: int = 1) -> None:
+    """The touched rows (and the dense layers) read from the ps and as many values written back, per
+    worker; k moves per closure (fair.drive_moves)."""
     import tensorflow as tf
 
-    from tests.benchmarks.fair import emit
+    from tests.benchmarks.fair import drive_moves, emit
     from tests.benchmarks.peers import _coordinator
 
     strategy, coordinator, workers = _coordinator()
@@ -140,24 +140,17 @@ def role_transfer(size: str, batch: int, steps: int) -> None:
         ]
     positions = tf.constant(np.arange(rows) * (ID_RANGE // rows), tf.int64)
 
-    def make(k):
-        @tf.function
+    def body(i):
         def move():
-            sinks[k][0].assign(tf.gather(table, positions) + 1.0)  # pull the rows, push as many values
-            for v, sink in zip(dense, sinks[k][1:], strict=True):
+            sinks[i][0].assign(tf.gather(table, positions) + 1.0)  # pull the rows, push as many values
+            for v, sink in zip(dense, sinks[i][1:], strict=True):
                 sink.assign(v.read_value() + 1.0)
 
         return move
 
-    moves = [make(k) for k in range(workers)]
-    samples = []
-    for step in range(steps):
-        for move in moves:
-            coordinator.schedule(move)
-        coordinator.join()
-        samples.append([step + 1, time.time()])
+    samples, setup = drive_moves(coordinator, [body(i) for i in range(workers)], steps, k)
     bytes_per_step = 2 * workers * 4 * (rows * DIM + dense_parameters())
-    emit(samples, "closures that only move a step's touched rows", bytes_per_step=bytes_per_step, rows_per_slot=rows)
+    emit(samples, setup.replace("a step's bytes", "a step's touched rows"), bytes_per_step=bytes_per_step, rows_per_slot=rows)
 
 
 def role_tf1(size: str, batch: int, steps: int) -> None:
@@ -192,7 +185,11 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     run_tf1_worker(server, index, opt, train_op, steps)
 
 
-ROLES = {"transfer": role_transfer, "tf1": role_tf1}  # and tests/benchmarks/fair.py's TF2 peers
+ROLES = {
+    "transfer": role_transfer,
+    "transfer-looped": lambda size, batch, steps: role_transfer(size, batch, steps, 16),
+    "tf1": role_tf1,
+}  # and tests/benchmarks/fair.py's TF2 peers
 
 # ---- orchestration (this process) ----
 
@@ -207,7 +204,7 @@ def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, dev
 
 
 def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
-    from tests.benchmarks.bench import peer_rows, startup_line
+    from tests.benchmarks.bench import limit_text, peer_rows, startup_line
 
     med = {peer: statistics.median(r["step_s"] for r in rs) for peer, rs in runs.items() if rs}
     base = med["pstrain"]
@@ -218,7 +215,7 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
     lines.append(
         f"\npstrain step {base * 1000:.1f} ms (the chief's dispatch {timing['dispatch'] * 1000:.1f}, steps on workers and ps "
         f"{timing['steps'] * 1000:.1f}); {transfer['rows_per_slot']:,} rows touched per slot; bytes moved per step "
-        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; transfer limit {med['transfer'] * 1000:.1f} ms; "
+        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; {limit_text(runs, base)}; "
         f"pstrain chief peak RSS {max(r['chief_peak_rss_mib'] for r in runs['pstrain']):,} MiB "
         f"(table {ROWS[size] * DIM * 4 / 2**20:,.0f} MiB)"
     )
@@ -295,15 +292,15 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    from tests.benchmarks.bench import METHOD, machine, rotated, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, machine, rotated, setup_lines
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        runs: dict[str, list[dict]] = {p: [] for p in [*peers, "transfer"]}
+        runs: dict[str, list[dict]] = {p: [] for p in [*peers, *PROBES]}
         for repeat in range(args.repeats):  # the order rotates round by round
-            for peer in rotated([*peers, "transfer"], repeat):
+            for peer in rotated([*peers, *PROBES], repeat):
                 result = run_peer(peer, size, batch, args.steps, device=args.device)
                 runs[peer].append(result)
                 print(f"  {size} round {repeat + 1} {peer}: {result['step_s'] * 1000:.1f} ms/step", flush=True)

@@ -145,6 +145,39 @@ def role_single(workload, size: str, batch: int, steps: int, k: int) -> None:
     emit(samples, f"one process, {k} steps per tf.function call, data made in the process")
 
 
+def drive_moves(coordinator, bodies: list, steps: int, k: int) -> tuple[list, str]:
+    """The transfer probe: each body moves one worker's bytes of a step (a pull and a push). k = 1: a
+    closure per body and a join every step; k > 1: k moves per closure, every closure before one join
+    (the tuned async peer's dispatch), so no coordinator round trip sits between steps."""
+
+    def make(body):
+        @tf.function
+        def move(n):
+            for _ in tf.range(n):
+                body()
+            return tf.constant(0)
+
+        return move
+
+    moves = [make(body) for body in bodies]
+    samples, done = [], 0
+    if k == 1:
+        for step in range(steps):
+            for move in moves:
+                coordinator.schedule(move, args=(tf.constant(1, tf.int64),))
+            coordinator.join()
+            samples.append([step + 1, time.time()])
+        return samples, "closures that only move a step's bytes, 1 step per closure, a join every step"
+    scheduled = [(n, [coordinator.schedule(m, args=(tf.constant(n, tf.int64),)) for m in moves]) for n in chunks(steps, k)]
+    for n, values in scheduled:
+        for v in values:
+            v.fetch()
+        done += n
+        samples.append([done, time.time()])
+    coordinator.join()
+    return samples, f"closures that only move a step's bytes, {k} steps per closure, every closure before one join"
+
+
 ROLES = {
     "async": lambda w, s, b, n: role_async(w, s, b, n, PER_DISPATCH),
     "async-1step": lambda w, s, b, n: role_async(w, s, b, n, 1),

@@ -21,13 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from tests.benchmarks.fair import emit  # noqa: E402
+from tests.benchmarks.fair import PER_DISPATCH, drive_moves, emit  # noqa: E402
 from tests.benchmarks.jobs import CLASSES, HIDDEN, INPUTS, build_model, parameters  # noqa: E402
-
-
-def samples_of(times: list[float]) -> list[list[float]]:
-    """Wall-clock ends of consecutive steps as (steps applied, time) samples."""
-    return [[i + 1, t] for i, t in enumerate(times)]
 
 
 def _coordinator():
@@ -36,30 +31,24 @@ def _coordinator():
     return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy), resolver.cluster_spec().num_tasks("worker")
 
 
-def transfer(size: str, global_batch: int, steps: int) -> None:
+def transfer(size: str, global_batch: int, steps: int, k: int = 1) -> None:
     """The bytes of one pstrain step without compute: each worker reads every parameter from the ps
-    and writes as many values back, concurrently; the transfer limit for that model size."""
+    and writes as many values back, concurrently; the transfer limit for that model size (k moves
+    per closure: fair.drive_moves)."""
     strategy, coordinator, workers = _coordinator()
     with strategy.scope():
         model = build_model(size)
         sinks = [[tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables] for _ in range(workers)]
 
-    def make(k):
-        @tf.function
+    def body(k):
         def move():
             for v, sink in zip(model.trainable_variables, sinks[k], strict=True):
                 sink.assign(v.read_value() + 1.0)  # pull, then push a same-size tensor back
 
         return move
 
-    moves = [make(k) for k in range(workers)]
-    times = []
-    for _ in range(steps):
-        for move in moves:
-            coordinator.schedule(move)
-        coordinator.join()
-        times.append(time.time())
-    emit(samples_of(times), "closures that only move a step's bytes", bytes_per_step=2 * workers * 4 * parameters(size))
+    samples, setup = drive_moves(coordinator, [body(i) for i in range(workers)], steps, k)
+    emit(samples, setup, bytes_per_step=2 * workers * 4 * parameters(size))
 
 
 def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
@@ -145,7 +134,11 @@ def write_whole(path: str, text: str) -> None:
     os.replace(f"{path}.tmp", path)
 
 
-ROLES = {"transfer": transfer, "tf1": tf1_sync_replicas}
+ROLES = {
+    "transfer": transfer,
+    "transfer-looped": lambda size, batch, steps: transfer(size, batch, steps, PER_DISPATCH),
+    "tf1": tf1_sync_replicas,
+}
 
 if __name__ == "__main__":
     role, size, global_batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
