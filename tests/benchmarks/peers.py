@@ -1,13 +1,12 @@
-"""The peers pstrain is measured against, one process role each (run by tests/benchmarks/bench.py).
+"""The dense MLP's peers, one process role each (run by tests/benchmarks/bench.py).
 
     python -m tests.benchmarks.peers ROLE SIZE GLOBAL_BATCH STEPS
 
-Roles: single (one process, no cluster), async (TF2 ParameterServerStrategy without a barrier:
-the coordinator, with TF_CONFIG), tf1 (SyncReplicasOptimizer between-graph replication: ps or
-worker, with TF_CONFIG), mwms (MultiWorkerMirroredStrategy worker, with TF_CONFIG), transfer (the
-same bytes as a pstrain step moved over TF's gRPC, no compute: the coordinator), breakdown
-(pstrain's engine with its closure cut short after each phase: the coordinator). The process that
-measures prints one JSON line: {"step_s": mean seconds per global step over the run's second half, ...}.
+Roles here: tf1 (SyncReplicasOptimizer between-graph replication: ps or worker, with TF_CONFIG; no
+tf_keras), transfer and transfer-looped (the bytes of a pstrain step moved over TF's gRPC, no
+compute: the coordinator). The TF2 roles (single, async, async-1step, mwms) are
+tests/benchmarks/fair.py's, on this MLP. The process that measures prints one JSON line:
+{"samples": [[applied global steps, wall time], ...], "setup": how it ran, ...} (tests/benchmarks/window.py).
 """
 
 from __future__ import annotations
