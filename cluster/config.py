@@ -29,8 +29,10 @@ class ClusterConfig:
     chief: str = f"{DEFAULT_HOST}:0"
     ps: tuple[str, ...] = (f"{DEFAULT_HOST}:0",)
     workers: tuple[str, ...] = (f"{DEFAULT_HOST}:0", f"{DEFAULT_HOST}:0")
-    # GPU index per worker (None: no GPU); "auto" resolves to GPU i for worker i where it exists.
+    # GPU index per worker (None: no GPU); "auto" shares the GPUs round-robin (worker i on GPU i mod
+    # the count; all on the CPU where there is none). A mix of GPU and CPU workers only by index.
     worker_gpus: tuple[int | None, ...] = (None, None)
+    worker_gpu_memory_mb: int = 0  # per worker on a GPU: a memory limit in MiB; 0: memory growth where shared
     chief_gpus: str = ""  # CUDA_VISIBLE_DEVICES for the chief; empty = no GPU
     ps_gpus: str = ""  # CUDA_VISIBLE_DEVICES for every ps task; empty = no GPU
     control: str = f"{DEFAULT_HOST}:0"  # the control plane (served by the chief's launcher)
@@ -135,8 +137,10 @@ def _addresses(name: str, value: Any, host: str) -> tuple[str, ...]:
 
 
 def _worker_gpus(value: Any, count: int, gpu_count: int) -> tuple[int | None, ...]:
+    """ "auto": worker i on GPU i mod `gpu_count` (workers share GPUs round-robin, never a GPU and CPU
+    mix), all on the CPU without GPUs; else the list as given, -1 for a worker on the CPU."""
     if value == AUTO:
-        return tuple(i if i < gpu_count else None for i in range(count))
+        return tuple(i % gpu_count if gpu_count else None for i in range(count))
     if not isinstance(value, list) or len(value) != count:
         raise ConfigError(f'cluster.worker_gpus: expected "auto" or a list of {count} GPU indices (-1 for none), got {value!r}')
     gpus = []
@@ -214,6 +218,7 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
         max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", defaults.max_restarts), 0),
+        worker_gpu_memory_mb=_int("cluster.worker_gpu_memory_mb", raw.get("worker_gpu_memory_mb", 0), 0),
         **strings,
     )
     check_unique_addresses(cluster)

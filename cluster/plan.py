@@ -40,11 +40,45 @@ def visible_devices(cluster: ClusterConfig, task_type: str, index: int) -> str:
     return cluster.ps_gpus if task_type == "ps" else cluster.chief_gpus
 
 
+def gpu_sharers(cluster: ClusterConfig) -> dict[tuple[str, int], list[int]]:
+    """(worker host, GPU index) -> the workers placed there, in order."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for i, gpu in enumerate(cluster.worker_gpus):
+        if gpu is not None:
+            out.setdefault((cluster.workers[i].rsplit(":", 1)[0], gpu), []).append(i)
+    return out
+
+
+def gpu_env(cluster: ClusterConfig, index: int) -> dict[str, str]:
+    """A worker's GPU memory settings: PSTRAIN_GPU_MEMORY_MB (its server's limit) where the config sets
+    one, else memory growth where it shares its GPU, so the first worker does not take it all."""
+    gpu = cluster.worker_gpus[index]
+    if gpu is None:
+        return {}
+    if cluster.worker_gpu_memory_mb:
+        return {"PSTRAIN_GPU_MEMORY_MB": str(cluster.worker_gpu_memory_mb)}
+    shared = len(gpu_sharers(cluster)[(cluster.workers[index].rsplit(":", 1)[0], gpu)]) > 1
+    return {"TF_FORCE_GPU_ALLOW_GROWTH": "true"} if shared else {}
+
+
+def gpu_line(cluster: ClusterConfig) -> str:
+    """One line for the launch: where each worker computes, and how workers that share a GPU share it."""
+    sharers = gpu_sharers(cluster)
+    if not sharers:
+        return f"workers on the CPU ({len(cluster.workers)})"
+    placed = ", ".join(f"worker {i} {'CPU' if gpu is None else f'GPU {gpu}'}" for i, gpu in enumerate(cluster.worker_gpus))
+    shared = [f"GPU {gpu} by workers {', '.join(map(str, ws))}" for (_, gpu), ws in sharers.items() if len(ws) > 1]
+    memory = f"each worker limited to {cluster.worker_gpu_memory_mb} MiB" if cluster.worker_gpu_memory_mb else "memory growth on"
+    return placed + (f"; shared: {'; '.join(shared)} ({memory})" if shared else "")
+
+
 def plan_task(cluster: ClusterConfig, task_type: str, index: int) -> TaskPlan:
     address = cluster_spec(cluster)[task_type][index]
     env = dict(COMMON_ENV)
     env[TF_CONFIG_ENV] = task_tf_config(cluster_spec(cluster), task_type, index)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(cluster, task_type, index)
+    if task_type == "worker":
+        env.update(gpu_env(cluster, index))
     return TaskPlan(task=TaskId(task_type, index), address=address, env=env)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Check pstrain on a GPU machine: `pstrain doctor`, a short cluster run with one worker per GPU (at
-# most 8), where TensorFlow placed each worker's compute ops, and pstrain's throughput against the
-# same job in one process on GPU 0. Extra arguments go to both runs (e.g. --steps 300).
+# most 8; 2 workers sharing the GPU on a 1-GPU machine, the staging case), where TensorFlow placed each
+# worker's compute ops, pstrain's throughput against the same job in one process on GPU 0, and the
+# tests marked `gpu`. Extra arguments go to both runs (e.g. --steps 300).
 # Exit 2 (one line) where no GPU is found, 1 where a check fails.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,7 +16,7 @@ if [ "${gpus:-0}" -eq 0 ]; then
 fi
 source "$root/deploy/bootstrap.sh"
 cd "$PSTRAIN_ROOT"
-workers=$(( gpus < 8 ? gpus : 8 ))
+workers=$(( gpus < 2 ? 2 : (gpus < 8 ? gpus : 8) ))  # worker_gpus "auto": shared round-robin
 out=runs/gpu-check-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 config=$out/cluster.toml
@@ -27,4 +28,5 @@ if ! pstrain doctor --config "$config"; then
 fi
 PSTRAIN_LOG_DEVICE_PLACEMENT=1 pstrain launch --config "$config" --run-dir "$out/cluster" "$@"
 CUDA_VISIBLE_DEVICES=0 pstrain train --standalone --config "$config" --run-dir "$out/standalone" "$@"
-exec python -m cluster.doctor.gpu_check "$out/cluster" "$out/standalone"
+python -m cluster.doctor.gpu_check "$out/cluster" "$out/standalone"
+exec python -m pytest -q -m gpu tests/

@@ -6,12 +6,16 @@ Nothing here asserts a speed: figures come from the full benchmark, run by hand 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.benchmarks.bench import PEERS
+from tests.benchmarks.bench import PEERS, PROBES
+from tests.benchmarks.embeddings import PEERS as EMBEDDING_PEERS
+from tests.benchmarks.fair import PER_DISPATCH, chunks
+from tests.benchmarks.window import measure
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.cluster
@@ -23,25 +27,53 @@ def test_benchmark_command_runs_every_peer(tmp_path):
     result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]["1m"]
-    assert set(runs) == {*PEERS, "transfer"}
+    assert set(runs) == {*PEERS, *PROBES}
     assert all(run[0]["step_s"] > 0 for run in runs.values())
     phases = runs["pstrain"][0]["startup_phases"]  # the chief's start-up, from its log
     assert "process start and imports" in phases and "first step" in phases and all(v >= 0 for v in phases.values())
     assert sum(phases.values()) <= runs["pstrain"][0]["startup_s"] + 1.0, "the chief's phases fit in launch to first step"
-    assert "| pstrain sync, 2 workers |" in result.stdout and "× the limit" in result.stdout
+    assert "| pstrain sync, 2 workers |" in result.stdout and "transfer-looped " in result.stdout
     assert "| pstrain sync, 2 workers, 1 step per dispatch |" in result.stdout
     assert "pstrain launch to first step" in result.stdout
 
 
-def test_embedding_benchmark_runs_every_peer(tmp_path):
-    out = tmp_path / "emb.json"
-    argv = [sys.executable, "-m", "tests.benchmarks.embeddings", "--sizes", "1m", "--repeats", "1", "--steps", "5"]
-    result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+def test_embedding_benchmark_runs_every_peer_as_its_name_says(tmp_path):
+    out, runs_dir, steps = tmp_path / "emb.json", tmp_path / "tf1-runs", 20
+    runs_dir.mkdir()
+    argv = [sys.executable, "-m", "tests.benchmarks.embeddings", "--sizes", "1m", "--repeats", "1", "--steps", str(steps)]
+    env = {**os.environ, "BENCH_RUNS_DIR": str(runs_dir)}  # each TF1 worker's run count
+    result = subprocess.run(argv + ["--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    runs = json.loads(out.read_text())["runs"]["1m"]
-    assert set(runs) == {"pstrain", "pstrain-k1", "async", "tf1", "single", "transfer"}
-    assert all(run[0]["step_s"] > 0 for run in runs.values())
-    assert runs["transfer"][0]["rows_per_slot"] > 0 and "rows touched per slot" in result.stdout
+    runs = {peer: rs[0] for peer, rs in json.loads(out.read_text())["runs"]["1m"].items()}
+    assert set(runs) == {*EMBEDDING_PEERS, *PROBES}
+    assert runs["transfer"]["rows_per_slot"] > 0 and "rows touched per slot" in result.stdout
+    for peer, run in runs.items():  # one timing definition: recomputed from each peer's own samples
+        assert run == {**run, **measure(run["samples"], steps, run["t_launch"])}, peer
+        assert run["window"][1] >= steps and run["step_s"] > 0 and run["startup_s"] > 0, (peer, run["window"])
+        assert f"  {peer}: {run['setup']}" in result.stdout  # how each peer ran, printed
+    # pstrain: one sample per block (1 step, then K = 64 > 19: one more), so its gaps count.
+    assert [s[0] for s in runs["pstrain"]["samples"]] == [1, steps]
+    # tuned async: K steps per closure, all after the first round before one join; every update applied.
+    tuned, k = runs["async"], PER_DISPATCH
+    assert tuned["per_closure"] == k and tuned["closures"] == 2 * len(chunks(steps, k)) and tuned["iterations"] == 2 * steps
+    assert runs["async-1step"]["per_closure"] == 1 and runs["async-1step"]["closures"] == 2 * steps
+    # The transfer limit both ways: a join every step, and k moves per closure (one sample per closure).
+    looped = runs["transfer-looped"]
+    assert [s[0] for s in looped["samples"]] == [1, 1 + k, steps] and f"{k} steps per closure" in looped["setup"]
+    # TF1: one update per global step from N = 2 gradients: both workers' runs, about twice the steps
+    # (an apply per gradient would make the global step the sum of the runs); no Keras in its processes.
+    tf1 = runs["tf1"]
+    total = sum(int((runs_dir / f"worker-{i}").read_text()) for i in range(2))
+    assert 2 * steps <= total <= 2 * (steps + 3), (total, tf1["window"])
+    assert tf1["tf_keras_loaded"] is False
+    # MWMS: the workers computed on different batches, moved their weights, and still hold the same: all-reduced.
+    first, second = runs["mwms"]["reports"]
+    assert first["data_digest"] != second["data_digest"] and first["initial_sums"] == second["initial_sums"]
+    assert first["sums"] == pytest.approx(second["sums"], rel=1e-7, abs=1e-9), (first["sums"], second["sums"])
+    moved = [abs(a - b) for a, b in zip(first["sums"], first["initial_sums"], strict=True)]
+    # The table and the hidden layer moved by far more than the tolerance above (the logits' bias sums
+    # a softmax gradient, zero by construction, so its sum barely moves).
+    assert sum(m > 1e-4 for m in moved) >= 3, moved
 
 
 def test_embedding_scaling_runs_pstrain_and_tf1_at_every_worker_count(tmp_path):

@@ -3,11 +3,13 @@
 import json
 
 import pytest
+from tensorflow.core.protobuf import config_pb2  # noqa: F401  imported here: the test itself starts no process
 
 from cluster.config import ConfigError, resolve
-from cluster.plan import cluster_spec, plan_servers, plan_task
+from cluster.plan import cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
 from cluster.rundir import check_compatible
 from cluster.tfconfig import task_tf_config
+from worker.server import server_config
 
 pytestmark = pytest.mark.pure
 
@@ -22,8 +24,19 @@ def test_defaults_one_chief_one_ps_two_workers():
 
 def test_auto_gpus_follow_the_machine():
     assert resolve({}, gpu_count=2).cluster.worker_gpus == (0, 1)
-    assert resolve({}, gpu_count=1).cluster.worker_gpus == (0, None)
     assert resolve({}, gpu_count=0).cluster.worker_gpus == (None, None)
+
+
+def test_auto_shares_the_gpus_round_robin_and_never_mixes_them_with_the_cpu():
+    # The staging case: 2 workers on a 1-GPU box both train on it (the extra one used to land on the CPU).
+    assert resolve({}, gpu_count=1).cluster.worker_gpus == (0, 0)
+    five = {"cluster": {"workers": 5}, "train": {"global_batch_size": 60}}
+    assert resolve(five, gpu_count=2).cluster.worker_gpus == (0, 1, 0, 1, 0)
+    # A mix only when the config asks for it by index; a GPU memory limit per worker is a checked field.
+    assert resolve({"cluster": {"worker_gpus": [0, -1]}}, gpu_count=1).cluster.worker_gpus == (0, None)
+    assert resolve({"cluster": {"worker_gpu_memory_mb": 4096}}, gpu_count=1).cluster.worker_gpu_memory_mb == 4096
+    with pytest.raises(ConfigError, match=r"cluster.worker_gpu_memory_mb: must be >= 0"):
+        resolve({"cluster": {"worker_gpu_memory_mb": -1}})
 
 
 def test_flags_override_file():
@@ -93,6 +106,32 @@ def test_tf_config_and_env_per_task():
     chief = plan_task(cluster, "chief", 0)
     assert chief.env["CUDA_VISIBLE_DEVICES"] == "" and chief.address == "h:1"
     assert all(p.env["GRPC_FAIL_FAST"] == "use_caller" for p in servers + [chief])
+
+
+def test_workers_sharing_a_gpu_get_memory_growth_or_the_configured_limit_and_one_launch_line():
+    three = {"cluster": {"workers": 3}, "train": {"global_batch_size": 60}}
+    shared = resolve(three, gpu_count=2).cluster  # workers 0 and 2 share GPU 0
+    envs = [p.env for p in plan_servers(shared) if p.task.type == "worker"]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0"]
+    assert [e.get("TF_FORCE_GPU_ALLOW_GROWTH") for e in envs] == ["true", None, "true"]
+    assert gpu_line(shared) == "worker 0 GPU 0, worker 1 GPU 1, worker 2 GPU 0; shared: GPU 0 by workers 0, 2 (memory growth on)"
+    limited = resolve({"cluster": {"worker_gpu_memory_mb": 2048}}, gpu_count=1).cluster
+    envs = [p.env for p in plan_servers(limited) if p.task.type == "worker"]
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["PSTRAIN_GPU_MEMORY_MB"]) for e in envs] == [("0", "2048"), ("0", "2048")]
+    assert not any("TF_FORCE_GPU_ALLOW_GROWTH" in e for e in envs)
+    assert gpu_line(limited).endswith("shared: GPU 0 by workers 0, 1 (each worker limited to 2048 MiB)")
+    # The same index on two machines is two GPUs: no sharing there.
+    apart = resolve({"cluster": {"workers": ["a:1", "b:1"], "worker_gpus": [0, 0]}}, gpu_count=1).cluster
+    assert gpu_line(apart) == "worker 0 GPU 0, worker 1 GPU 0" and gpu_sharers(apart) == {("a", 0): [0], ("b", 0): [1]}
+    assert gpu_line(resolve({}, gpu_count=0).cluster) == "workers on the CPU (2)"
+
+
+def test_a_workers_server_takes_its_gpu_memory_limit_from_the_plan():
+    assert server_config({}) is None
+    config = server_config({"PSTRAIN_GPU_MEMORY_MB": "2048"})
+    assert list(config.gpu_options.experimental.virtual_devices[0].memory_limit_mb) == [2048.0]
+    with pytest.raises(ConfigError, match="PSTRAIN_GPU_MEMORY_MB: expected a positive number"):
+        server_config({"PSTRAIN_GPU_MEMORY_MB": "lots"})
 
 
 def test_run_dir_written_by_other_settings_is_refused():

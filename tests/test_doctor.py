@@ -20,7 +20,7 @@ import pytest
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve
-from cluster.doctor import checks, facts
+from cluster.doctor import checks, facts, gpus
 from cluster.doctor.checks import Check, Gpu, GpuProcess, Probe, Smi
 from cluster.doctor.run import cluster_checks
 from cluster.versions import local_versions
@@ -87,30 +87,43 @@ def test_driver_old_new_missing_and_broken():
 
 
 @pytest.mark.pure
-def test_worker_gpus_exist_are_not_shared_and_the_probe_is_believed():
+def test_worker_gpus_exist_are_shared_safely_and_the_probe_is_believed():
     probes = {
         "worker-0": Probe("0", ("/physical_device:GPU:0",), matmul_device="/job:localhost/replica:0/task:0/device:GPU:0"),
         "worker-1": Probe("1", ()),
     }
-    found = levels(checks.worker_gpus({"worker-0": 0, "worker-1": 1}, two_gpus(), probes, wheel_is_cpu=False))
+    found = levels(gpus.worker_gpus({"worker-0": 0, "worker-1": 1}, two_gpus(), probes, wheel_is_cpu=False))
     assert found == {"gpu.worker-0": "OK", "gpu.worker-1": "FAIL"}
-    shared = checks.worker_gpus({"worker-0": 1, "worker-1": 1, "worker-2": 7}, two_gpus(), {}, False)
+    shared = gpus.worker_gpus({"worker-0": 1, "worker-1": 1, "worker-2": 7}, two_gpus(), {}, False)
     assert [c.message for c in shared] == [
-        "GPU 1 is shared by worker-0, worker-1",
-        "GPU 1 is shared by worker-0, worker-1",
+        "GPU 1 is shared by worker-0, worker-1 (memory growth on)",
+        "GPU 1 is shared by worker-0, worker-1 (memory growth on)",
         "GPU 7 does not exist (nvidia-smi lists GPUs [0, 1])",
     ]
-    two = checks.worker_gpus({"worker-0": 0}, two_gpus(), {"worker-0": Probe("0,1", ("a", "b"))}, False)[0]
+    capacity = two_gpus().gpus[1].memory_total_mib
+    fits = gpus.worker_gpus({"worker-0": 1, "worker-1": 1}, two_gpus(), {}, False, memory_mb=capacity // 2)
+    assert {c.level for c in fits} == {"INFO"} and f"{capacity // 2} MiB each" in fits[0].message
+    over = gpus.worker_gpus({"worker-0": 1, "worker-1": 1}, two_gpus(), {}, False, memory_mb=capacity // 2 + 1)
+    assert {c.level for c in over} == {"FAIL"} and f"at most {capacity // 2}" in over[0].fix
+    two = gpus.worker_gpus({"worker-0": 0}, two_gpus(), {"worker-0": Probe("0,1", ("a", "b"))}, False)[0]
     assert two.level == "FAIL" and "sees 2 GPUs" in two.message
+
+
+@pytest.mark.pure
+def test_a_mix_of_gpu_and_cpu_workers_is_said_and_a_cpu_machine_is_only_informed():
+    mixed = {c.name: c for c in gpus.worker_gpus({"worker-0": 0, "worker-1": None}, two_gpus(), {}, False)}
+    assert mixed["gpu.worker-1"].level == "WARN" and "runs at its pace" in mixed["gpu.worker-1"].message
+    alone = gpus.worker_gpus({"worker-0": None, "worker-1": None}, Smi(True, ""), {}, False)
+    assert [c.level for c in alone] == ["INFO", "INFO"] and "beside" not in alone[0].message
 
 
 @pytest.mark.pure
 def test_memory_held_by_other_processes_warns():
     smi = Smi(True, "", two_gpus(used=(5, 70000)).gpus, (GpuProcess("GPU-1", 4242, "python", 69990),))
-    found = checks.gpu_memory(smi)
+    found = gpus.gpu_memory(smi)
     assert [c.name for c in found] == ["gpu.memory.1"] and found[0].level == "WARN"
     assert "69990 of 81559 MiB on GPU 1" in found[0].message and "pid 4242 python" in found[0].message
-    assert checks.gpu_memory(two_gpus())[0].level == "OK"
+    assert gpus.gpu_memory(two_gpus())[0].level == "OK"
 
 
 @pytest.mark.pure
@@ -268,9 +281,10 @@ def test_two_gpus_with_the_cpu_wheel_fail_honestly(tmp_path):
 
 @pytest.mark.cluster
 def test_old_driver_busy_memory_shared_and_missing_gpu(tmp_path):
-    gpus = [f"0, GPU-0, {H100}, 470.82.01, 81559, 3", f"1, GPU-1, {H100}, 470.82.01, 81559, 70000"]
-    env = fake_nvidia_smi(tmp_path / "bin", gpus, apps=["GPU-1, 4242, python, 69990"])
-    code, found = doctor(tmp_path, env, "[cluster]\nworkers = 3\nworker_gpus = [1, 1, 5]\n[train]\nglobal_batch_size = 66\n")
+    listed = [f"0, GPU-0, {H100}, 470.82.01, 81559, 3", f"1, GPU-1, {H100}, 470.82.01, 81559, 70000"]
+    env = fake_nvidia_smi(tmp_path / "bin", listed, apps=["GPU-1, 4242, python, 69990"])
+    config = "[cluster]\nworkers = 3\nworker_gpus = [1, 1, 5]\nworker_gpu_memory_mb = 50000\n[train]\nglobal_batch_size = 66\n"
+    code, found = doctor(tmp_path, env, config)
     checks_ = by_name(found)
     assert code == 1
     assert (
@@ -278,8 +292,9 @@ def test_old_driver_busy_memory_shared_and_missing_gpu(tmp_path):
     )
     assert checks_["gpu.memory.1"]["level"] == "WARN" and "pid 4242 python 69990 MiB" in checks_["gpu.memory.1"]["message"]
     assert checks_["gpu.worker-2"]["message"] == "GPU 5 does not exist (nvidia-smi lists GPUs [0, 1])"
-    shared = [c for c in found if c["message"] == "GPU 1 is shared by worker-0, worker-1"]
-    assert len(shared) == 2 and all(c["level"] == "FAIL" for c in shared)
+    too_much = "GPU 1 is shared by worker-0, worker-1 at 50000 MiB each, more than its 81559 MiB"
+    shared = [c for c in found if c["message"] == too_much]
+    assert len(shared) == 2 and all(c["level"] == "FAIL" and "at most 40779" in c["fix"] for c in shared)
 
 
 @pytest.mark.cluster

@@ -31,6 +31,22 @@ def gpu_memory_fn(tf: tf_runtime.Runtime) -> Callable[[], int]:
     return lambda: int(tf.get_memory_info("GPU:0")["current"])
 
 
+def server_config(env: dict[str, str]):
+    """The server's ConfigProto: its one visible GPU limited to $PSTRAIN_GPU_MEMORY_MB MiB (workers that
+    share a GPU, cluster.worker_gpu_memory_mb), or None (TensorFlow's default, or memory growth by
+    TF_FORCE_GPU_ALLOW_GROWTH)."""
+    text = env.get("PSTRAIN_GPU_MEMORY_MB", "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) <= 0:
+        raise ConfigError(f"PSTRAIN_GPU_MEMORY_MB: expected a positive number of MiB, got {text!r}")
+    from tensorflow.core.protobuf import config_pb2
+
+    config = config_pb2.ConfigProto()
+    config.gpu_options.experimental.virtual_devices.add(memory_limit_mb=[float(text)])
+    return config
+
+
 def main() -> int:
     """Entry point of `pstrain server` and `python -m worker`: serve, or one error line and its exit code."""
     try:
@@ -55,7 +71,8 @@ def serve() -> int:
         os.environ.get("CUDA_VISIBLE_DEVICES"),
         devices,
     )
-    server = tf.Server(tf.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", start=True)
+    config = server_config(dict(os.environ))
+    server = tf.Server(tf.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
     log.info("%s:%d serving at %s", task_type, index, server.target)
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
     if agent:

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 
 from cluster.config import ConfigError, load_toml, parse_address, resolve
-from cluster.doctor import checks, facts
+from cluster.doctor import checks, facts, gpus
 from cluster.plan import cluster_spec
 from cluster.tfconfig import tf_config_text
 
@@ -32,7 +32,7 @@ def machine_checks(config_file: str | None) -> list[checks.Check]:
     out += checks.cuda_libraries(requirements, dists, build, smi)
     out += checks.driver(smi, checks.cuda_major(build, requirements))
     out += config_found
-    out += checks.gpu_memory(smi, frozenset({os.getpid()}))
+    out += gpus.gpu_memory(smi, frozenset({os.getpid()}))
     out += checks.interconnect(smi)
     out += checks.tf_config(tf_config_text())
     return out
@@ -56,7 +56,7 @@ def config_checks(config_file: str | None, smi: checks.Smi) -> tuple[list[checks
     indices = {g.index for g in smi.gpus}
     probes = {w: facts.probe(str(gpu), matmul=True) for w, gpu in assigned.items() if gpu is not None and gpu in indices}
     wheel_is_cpu = not any(str(p.build.get("is_cuda_build")) == "True" for p in probes.values())
-    out = checks.worker_gpus(assigned, smi, probes, wheel_is_cpu)
+    out = gpus.worker_gpus(assigned, smi, probes, wheel_is_cpu, cluster.worker_gpu_memory_mb)
     out += checks.ports({t: facts.port_state(*parsed[t]) for t in sorted(here)})
     hosts: dict[str, str] = {}
     for host, port in parsed.values():

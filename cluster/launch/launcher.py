@@ -29,7 +29,7 @@ from cluster.errors import (
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
-from cluster.plan import TaskPlan, cluster_spec, plan_servers, plan_task
+from cluster.plan import TaskPlan, cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
 from cluster.policy import EndRun, Finish, GiveUp, Kill, chief_decision, restart_decision, silent_task_decision
 from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
@@ -189,6 +189,8 @@ def start_local_servers(
     remote = len(cluster.ps) + len(cluster.workers) - len(here)
     waiting = f", waiting for {remote} on other machines" if remote else ""
     say(f"{len(here)} local tasks starting{waiting}; logs in {supervisor.log_dir}")
+    if gpu_sharers(cluster):
+        say(f"GPUs: {gpu_line(cluster)}")
     return servers
 
 

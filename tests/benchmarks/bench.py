@@ -2,14 +2,16 @@
 
     python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling] [--data]
 
-Peers, same model and global batch: pstrain sync (2 workers, 1 ps; its default steps per dispatch,
-and one step per dispatch), TF2 ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer
-recipe (2 workers), MultiWorkerMirroredStrategy (2 workers) and one process. Each run's step time is
-its mean over the second half of its steps (the steady state: TF1 runs its first ~100 steps faster than
-the rest, and pstrain's first two blocks trace); across rounds, medians. Reports each peer's
-examples/s relative to pstrain's, the start-up (launch to the end of the first step) with where
-pstrain's chief spent it, and the transfer limit: the time TF's gRPC needs to move a pstrain step's
-bytes on this machine.
+Peers, same model and global batch, each at its best (tests/benchmarks/fair.py) and each printing
+how it ran: pstrain sync (2 workers, 1 ps; its default steps per dispatch, and one step per dispatch),
+TF2 ParameterServerStrategy asynchronous tuned (K steps per closure, one join) and one step per
+closure, the TF1 SyncReplicasOptimizer recipe (2 workers), MultiWorkerMirroredStrategy (2 workers)
+and one process; every step on a fresh batch. One timing definition for all (tests/benchmarks/
+window.py): start-up is launch to the first applied global step; the step time is the wall time per
+applied global step from the run's half to its end (pstrain's gaps between blocks included). Across
+rounds, medians; the peer order rotates round by round. Reports each peer's examples/s relative to
+pstrain's, where pstrain's chief spent its start-up, and the transfer limit: the time TF's gRPC needs
+to move a pstrain step's bytes on this machine. --device gpu: worker i on GPU i mod the GPUs here.
 
 --data: launch-to-first-step and per-step time of pstrain (1 M MLP, 2 workers) with its data (a) small
 arrays, (b) --data-gb of arrays from train_data(), (c) the same as .npy files the workers read,
@@ -35,10 +37,21 @@ from pathlib import Path
 import psutil
 
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
+from tests.benchmarks.window import block_ends, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-PEERS = ("pstrain", "pstrain-k1", "async", "tf1", "mwms", "single")
+PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
+NAMES = {
+    "pstrain": "pstrain sync, 2 workers",
+    "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
+    "async": "TF2 PS async tuned, 2 workers",
+    "async-1step": "TF2 PS async, 1 step per closure, 2 workers",
+    "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
+    "mwms": "MultiWorkerMirrored, 2 workers",
+    "single": "one process",
+}
+METHOD = "start-up: launch to the first applied global step; step: wall time per applied global step, run's half to end"
 K1 = ["--steps-per-execution", "1"]  # pstrain-k1: one step per dispatch, the chief on every step's path
 TIMEOUT_S = 900
 FILES = "d one file per example (train_dataset)"
@@ -55,11 +68,12 @@ def free_ports(n: int) -> list[str]:
     return ports
 
 
-def env_for(cluster: dict, task_type: str, index: int) -> dict:
+def env_for(cluster: dict, task_type: str, index: int, device: str = "cpu") -> dict:
     return {
         **os.environ,
         "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}}),
-        "CUDA_VISIBLE_DEVICES": "",
+        "CUDA_VISIBLE_DEVICES": visible(task_type, index, device),
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",  # workers that share a GPU each take what they use
         "GRPC_FAIL_FAST": "use_caller",
         "TF_USE_LEGACY_KERAS": "1",
         "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -67,18 +81,36 @@ def env_for(cluster: dict, task_type: str, index: int) -> dict:
     }
 
 
-def run_group(commands: list[tuple[list[str], dict]], reporter: int) -> dict:
-    """Start processes, wait for the JSON line of the `reporter`, then stop and reap them all."""
+def tf1_env(cluster: dict, task_type: str, index: int, device: str) -> dict:
+    """A TF1 process's environment: no TF_USE_LEGACY_KERAS, with which `import tensorflow` loads tf_keras."""
+    return {k: v for k, v in env_for(cluster, task_type, index, device).items() if k != "TF_USE_LEGACY_KERAS"}
+
+
+def visible(task_type: str, index: int, device: str) -> str:
+    """--device gpu: worker i (and a one-process peer) on GPU i mod the GPUs here; ps, chief on none."""
+    if device != "gpu" or task_type not in ("worker", "single"):
+        return ""
+    from cluster.launch.gpus import gpu_count
+
+    return str(index % max(gpu_count(), 1))
+
+
+def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...] = (0,)) -> list[dict]:
+    """Start processes, wait for the last JSON line of each of `reporters` (in order), then stop and
+    reap them all."""
     processes = [
         subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for argv, env in commands
     ]
     try:
-        out, _ = processes[reporter].communicate(timeout=TIMEOUT_S)
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if not lines:
-            raise RuntimeError(f"{commands[reporter][0]} printed no result")
-        return json.loads(lines[-1])
+        results = []
+        for i in reporters:
+            out, _ = processes[i].communicate(timeout=TIMEOUT_S)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if not lines:
+                raise RuntimeError(f"{commands[i][0]} printed no result")
+            results.append(json.loads(lines[-1]))
+        return results
     finally:
         stop_all(processes)
 
@@ -96,33 +128,31 @@ def stop_all(processes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
             p.wait()
 
 
-def peer_cluster(role: str, size: str, batch: int, steps: int, workers: int = 2, ps: int = 1) -> dict:
-    """async / transfer: TF servers (python -m worker) plus a coordinator running the peer role."""
-    addresses = free_ports(1 + ps + workers)
-    cluster = {"chief": addresses[:1], "ps": addresses[1 : 1 + ps], "worker": addresses[1 + ps :]}
-    servers = [([PY, "-m", "worker"], env_for(cluster, t, i)) for t in ("ps", "worker") for i in range(len(cluster[t]))]
-    chief = ([PY, "-m", "tests.benchmarks.peers", role, size, str(batch), str(steps)], env_for(cluster, "chief", 0))
-    return run_group([chief, *servers], reporter=0)
-
-
-def peer_tf1(size: str, batch: int, steps: int) -> dict:
-    addresses = free_ports(3)
-    cluster = {"ps": addresses[:1], "worker": addresses[1:]}
-    argv = [PY, "-m", "tests.benchmarks.peers", "tf1", size, str(batch), str(steps)]
-    return run_group(
-        [(argv, env_for(cluster, "worker", 0)), (argv, env_for(cluster, "worker", 1)), (argv, env_for(cluster, "ps", 0))], 0
-    )
-
-
-def peer_mwms(size: str, batch: int, steps: int) -> dict:
-    cluster = {"worker": free_ports(2)}
-    argv = [PY, "-m", "tests.benchmarks.peers", "mwms", size, str(batch), str(steps)]
-    return run_group([(argv, env_for(cluster, "worker", 0)), (argv, env_for(cluster, "worker", 1))], 0)
-
-
-def peer_single(size: str, batch: int, steps: int) -> dict:
-    argv = [PY, "-m", "tests.benchmarks.peers", "single", size, str(batch), str(steps)]
-    return run_group([(argv, {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})], 0)
+def launch_peer(module: str, peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu") -> dict:
+    """One run of a peer role of `module` (tests.benchmarks.peers or .embeddings) as its processes:
+    the result of its reporter (every worker's for mwms, in "reports"), measured by window.measure."""
+    me = [PY, "-m", module, peer, size, str(batch), str(steps)]
+    t_launch = time.time()
+    if peer in ("async", "async-1step", "transfer", "transfer-looped"):
+        addresses = free_ports(2 + workers)
+        cluster = {"chief": addresses[:1], "ps": addresses[1:2], "worker": addresses[2:]}
+        tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
+        servers = [([PY, "-m", "worker"], env_for(cluster, t, i, device)) for t, i in tasks]
+        reports = run_group([(me, env_for(cluster, "chief", 0, device)), *servers])
+    elif peer == "tf1":
+        addresses = free_ports(1 + workers)
+        cluster = {"ps": addresses[:1], "worker": addresses[1:]}
+        group = [(me, tf1_env(cluster, "worker", i, device)) for i in range(workers)] + [(me, tf1_env(cluster, "ps", 0, device))]
+        reports = run_group(group)
+    elif peer == "mwms":
+        cluster = {"worker": free_ports(workers)}
+        reports = run_group([(me, env_for(cluster, "worker", i, device)) for i in range(workers)], tuple(range(workers)))
+    else:
+        reports = run_group([(me, {**env_for({}, "single", 0, device), "TF_CONFIG": ""})])
+    result = {**reports[0], **measure(reports[0]["samples"], steps, t_launch), "t_launch": t_launch}
+    if len(reports) > 1:
+        result["reports"] = [{k: v for k, v in r.items() if k != "samples"} for r in reports]
+    return result
 
 
 def peer_pstrain(
@@ -134,13 +164,19 @@ def peer_pstrain(
     job: str = "",
     env: dict | None = None,
     extra: list[str] | None = None,
+    device: str = "cpu",
 ) -> dict:
-    """pstrain launched as a user would (`job`: default the MLP of `size`); step times from metrics.jsonl,
-    the steady state after the first two blocks; the chief's start-up phases from its log."""
+    """pstrain launched as a user would (`job`: default the MLP of `size`); samples are its blocks'
+    ends in metrics.jsonl (the gaps between blocks count), measured like every peer's by
+    window.measure; the chief's start-up phases from its log."""
     tmp = tempfile.mkdtemp(prefix="pstrain-bench-")  # kept when pstrain fails, for its logs
     run_dir = Path(tmp) / "run"
-    argv = [PY, "-m", "cluster.cli", "launch", "--job", job or JOBS[size], "--steps", str(steps), "--checkpoint-every", "0"]
-    argv += ["--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps), "--run-dir", str(run_dir)]
+    config = Path(tmp) / "device.toml"  # cpu: no worker on a GPU; gpu: "auto" (shared round-robin)
+    gpus = '"auto"' if device == "gpu" else str([-1] * workers)
+    config.write_text(f"[cluster]\nworker_gpus = {gpus}\n")
+    argv = [PY, "-m", "cluster.cli", "launch", "--config", str(config), "--job", job or JOBS[size], "--steps", str(steps)]
+    argv += ["--checkpoint-every", "0", "--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps)]
+    argv += ["--run-dir", str(run_dir)]
     t_launch = time.time()
     run = subprocess.run(
         argv + (extra or []), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})}
@@ -151,11 +187,14 @@ def peer_pstrain(
     steps_ = [r for r in records if "step" in r and "event" not in r]
     done = next(r for r in records if r.get("event") == "done")
     per_execution = json.loads((run_dir / "cluster.json").read_text())["train"]["steps_per_execution"]
-    # The second half of the run, and never its first two blocks (1 step, then K): the peers' window too.
-    measured = [r for r in steps_ if r["step"] >= max(1 + per_execution, steps // 2)] or steps_[1:]
+    samples = block_ends(records)
+    window = measure(samples, steps, t_launch)
+    measured = [r for r in steps_ if window["window"][0] < r["step"] <= window["window"][1]] or steps_
     result = {
-        "step_s": statistics.fmean(r["seconds"] for r in measured),  # a block's steps each carry the block's mean
-        "startup_s": steps_[0]["time"] - t_launch,
+        **window,
+        "t_launch": t_launch,
+        "samples": samples,
+        "setup": f"{per_execution} steps per dispatch (a block), the job's arrays shuffled and batched on the workers",
         "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
         "chief_peak_rss_mib": done.get("peak_rss_mib"),  # the chief's high-water mark, final checkpoint and export included
@@ -182,18 +221,23 @@ def startup_line(runs: list[dict]) -> str:
     )
 
 
-def run_peer(peer: str, size: str, batch: int, steps: int) -> dict:
-    t_launch = time.time()
+def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu") -> dict:
     if peer.startswith("pstrain"):
-        return peer_pstrain(size, batch, steps, extra=K1 if peer == "pstrain-k1" else None)
-    result = {
-        "async": lambda: peer_cluster("async", size, batch, steps),
-        "tf1": lambda: peer_tf1(size, batch, steps),
-        "mwms": lambda: peer_mwms(size, batch, steps),
-        "single": lambda: peer_single(size, batch, steps),
-    }[peer]()
-    result["startup_s"] = result.pop("first_step_wall") - t_launch
-    return result
+        return peer_pstrain(size, batch, steps, extra=K1 if peer == "pstrain-k1" else None, device=device)
+    return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device)
+
+
+def rotated(items: list[str], round_: int) -> list[str]:
+    """Round r runs the peers starting at the r-th: no peer always runs first (or last)."""
+    shift = round_ % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
+def setup_lines(runs: dict[str, list[dict]]) -> str:
+    """How each peer ran (from its own report), so the output alone shows whether the race was fair."""
+    return "how each peer ran:\n" + "\n".join(
+        f"  {peer}: {rs[0]['setup']}" for peer, rs in runs.items() if rs and "setup" in rs[0]
+    )
 
 
 def machine() -> str:
@@ -218,25 +262,22 @@ def main() -> int:
     parser.add_argument("--data-gb", type=float, default=2.0, help="size of the large set for --data (b), (c)")
     parser.add_argument("--data-files", type=int, default=20000, help="example files for --data (d)")
     parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "pstrain-bench-data"), help="kept for reuse")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="", help="write all results as JSON here")
     args = parser.parse_args()
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
-    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, warm-up excluded", flush=True)
+    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        probes = ["transfer"]
-        runs: dict[str, list[dict]] = {p: [] for p in peers + probes}
-        for repeat in range(args.repeats):  # interleaved: every peer once per round
-            for peer in peers + probes:
-                if peer in probes:
-                    r = peer_cluster(peer, size, batch, args.steps)
-                    r.pop("first_step_wall", None)
-                else:
-                    r = run_peer(peer, size, batch, args.steps)
+        runs: dict[str, list[dict]] = {p: [] for p in [*peers, *PROBES]}
+        for repeat in range(args.repeats):  # interleaved: every peer once per round, the order rotating
+            for peer in rotated([*peers, *PROBES], repeat):
+                r = run_peer(peer, size, batch, args.steps, args.device)
                 runs[peer].append(r)
                 print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
         results["runs"][size] = runs
         print(table(size, runs, batch), flush=True)
+        print(setup_lines(runs), flush=True)
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps)
         print(scaling_table(results["scaling"], batch), flush=True)
@@ -252,37 +293,50 @@ def med(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
-    base = med(runs["pstrain"], "step_s")
+PROBES = ("transfer", "transfer-looped")  # the same bytes without compute: a closure per step, and 16 per closure
+
+
+def limit_text(runs: dict[str, list[dict]], base: float) -> str:
+    """The transfer limit both ways (a join every step; 16 steps per closure, one join) and pstrain's step over each."""
+    bytes_ = runs["transfer"][0]["bytes_per_step"]
+    limits = {p: med(runs[p], "step_s") for p in PROBES if runs.get(p)}
+    parts = [f"{p} {limit * 1000:.1f} ms (step = {base / limit:.2f}×)" for p, limit in limits.items()]
+    return f"transfer limit (the same {bytes_ / 2**20:.2f} MiB over TF gRPC): " + ", ".join(parts)
+
+
+def spread(runs: list[dict], key: str, scale: float = 1.0) -> str:
+    """The median of the rounds, and their range where there are several."""
+    values = [r[key] * scale for r in runs]
+    text = f"{statistics.median(values):.1f}"
+    return text + (f" ({min(values):.1f}–{max(values):.1f})" if len(values) > 1 else "")
+
+
+def peer_rows(runs: dict[str, list[dict]], batch: int) -> list[str]:
+    """The table of peers: medians over the rounds (their range), pstrain's examples/s over each's."""
+    base = med(runs["pstrain"], "step_s") if runs.get("pstrain") else None
     lines = [
-        f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)",
-        "| peer | ms/step | examples/s | pstrain ÷ peer (examples/s) | start-up s |",
+        "| peer | ms/step (range) | examples/s | pstrain ÷ peer (examples/s) | start-up s (range) |",
         "|---|---|---|---|---|",
     ]
-    names = {
-        "pstrain": "pstrain sync, 2 workers",
-        "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
-        "async": "TF2 PS async, 2 workers",
-        "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
-        "mwms": "MultiWorkerMirrored, 2 workers",
-        "single": "one process",
-    }
-    for peer, label in names.items():
-        if peer not in runs or not runs[peer]:
+    for peer, label in NAMES.items():
+        if not runs.get(peer):
             continue
         step = med(runs[peer], "step_s")
-        lines.append(
-            f"| {label} | {step * 1000:.1f} | {batch / step:,.0f} | {step / base:.2f}× | {med(runs[peer], 'startup_s'):.1f} |"
-        )
-    if "pstrain" not in runs:
+        ratio = f"{step / base:.2f}×" if base else "–"
+        cells = [label, spread(runs[peer], "step_s", 1000), f"{batch / step:,.0f}", ratio, spread(runs[peer], "startup_s")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+    base = med(runs["pstrain"], "step_s") if runs.get("pstrain") else 0.0
+    lines = [f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)", *peer_rows(runs, batch)]
+    if not runs.get("pstrain"):
         return "\n".join(lines)
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
-    limit = med(runs["transfer"], "step_s")
     lines.append(
         f"\npstrain step {base * 1000:.1f} ms = the chief's dispatch {timing['dispatch'] * 1000:.1f} + steps on workers and ps "
-        f"{timing['steps'] * 1000:.1f} (shares of a block); transfer limit (the same "
-        f"{runs['transfer'][0]['bytes_per_step'] / 2**20:.0f} MiB over TF gRPC) {limit * 1000:.1f} ms → step = "
-        f"{base / limit:.2f}× the limit"
+        f"{timing['steps'] * 1000:.1f} (shares of a block); {limit_text(runs, base)}"
     )
     lines.append(startup_line(runs["pstrain"]))
     return "\n".join(lines)

@@ -5,10 +5,12 @@
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
 logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
 1 M and a 10 M table see the same rows touched per step (at most 128 x 12 = 1,536): what differs is
-only the table. Peers, interleaved round by round: pstrain sync (2 workers, 1 ps; its default steps
-per dispatch, and one), TF2 ParameterServerStrategy asynchronous, the TF1 SyncReplicasOptimizer
-recipe (whose sparse accumulators keep embedding gradients sparse), one process; and the transfer
-limit: closures that read the touched rows from the ps and write as many back, no compute.
+only the table. Peers, interleaved round by round in a rotating order, each at its best and each on
+a fresh batch every step (tests/benchmarks/bench.py's method): pstrain sync (2 workers, 1 ps; its
+default steps per dispatch, and one), TF2 ParameterServerStrategy asynchronous tuned and one step per
+closure, the TF1 SyncReplicasOptimizer recipe (whose sparse accumulators keep embedding gradients
+sparse), MultiWorkerMirroredStrategy, one process; and the transfer limit: closures that read the
+touched rows from the ps and write as many back, no compute.
 --scaling: pstrain and TF1 with 1, 2, 4 and 8 workers (1 M rows, global batch fixed, 1 ps).
 --per-execution 1,4,16,64: pstrain alone with each number of steps per dispatch (1 M rows), interleaved.
 
@@ -22,18 +24,16 @@ import json
 import os
 import statistics
 import sys
-import time
 from functools import lru_cache
 from pathlib import Path
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
 ROWS = {"1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
-PEERS = ("pstrain", "pstrain-k1", "async", "tf1", "single")
+PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
 
 
 @lru_cache(maxsize=1)
@@ -67,6 +67,15 @@ def optimizer():
     import tf_keras
 
     return tf_keras.optimizers.legacy.SGD(learning_rate=0.05)
+
+
+def fresh_batch(seed, n: int):
+    """n examples from a [2] seed, made where it runs (tests/benchmarks/fair.py's peers)."""
+    import tensorflow as tf
+
+    sx, sy = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    ids = tf.random.stateless_uniform([n, TOKENS], sx, 0, ID_RANGE, tf.int32)
+    return ids, tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
 
 
 class _Job:
@@ -109,65 +118,13 @@ def touched_rows(batch: int, workers: int) -> int:
 # ---- peer roles (each runs in its own process) ----
 
 
-def role_single(size: str, batch: int, steps: int) -> None:
+def role_transfer(size: str, batch: int, steps: int, k: int = 1) -> None:
+    """The touched rows (and the dense layers) read from the ps and as many values written back, per
+    worker; k moves per closure (fair.drive_moves)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import report, timed
-
-    model, opt = build_model(size), optimizer()
-    ids, labels = data()
-    x, y = tf.constant(ids[:batch]), tf.constant(labels[:batch])
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
-
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        timed(times, t0)
-    report(times)
-
-
-def role_async(size: str, batch: int, steps: int) -> None:
-    import tensorflow as tf
-
-    from tests.benchmarks.peers import _coordinator, report, timed
-
-    strategy, coordinator, workers = _coordinator()
-    with strategy.scope():
-        model, opt = build_model(size), optimizer()
-    ids, labels = data()
-    per = batch // workers
-    x, y = tf.constant(ids[:per]), tf.constant(labels[:per])
-
-    @tf.function
-    def step():
-        def replica():
-            with tf.GradientTape() as tape:
-                value = loss(y, model(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
-
-        strategy.run(replica)
-
-    times = []
-    for _ in range(steps):  # a "step" = one global batch = `workers` closures, as many updates
-        t0 = time.perf_counter()
-        for _ in range(workers):
-            coordinator.schedule(step)
-        coordinator.join()
-        timed(times, t0)
-    report(times)
-
-
-def role_transfer(size: str, batch: int, steps: int) -> None:
-    """The touched rows (and the dense layers) read from the ps and as many values written back, per worker."""
-    import tensorflow as tf
-
-    from tests.benchmarks.peers import _coordinator, report, timed
+    from tests.benchmarks.fair import drive_moves, emit
+    from tests.benchmarks.peers import _coordinator
 
     strategy, coordinator, workers = _coordinator()
     rows = touched_rows(batch, workers)
@@ -183,24 +140,17 @@ def role_transfer(size: str, batch: int, steps: int) -> None:
         ]
     positions = tf.constant(np.arange(rows) * (ID_RANGE // rows), tf.int64)
 
-    def make(k):
-        @tf.function
+    def body(i):
         def move():
-            sinks[k][0].assign(tf.gather(table, positions) + 1.0)  # pull the rows, push as many values
-            for v, sink in zip(dense, sinks[k][1:], strict=True):
+            sinks[i][0].assign(tf.gather(table, positions) + 1.0)  # pull the rows, push as many values
+            for v, sink in zip(dense, sinks[i][1:], strict=True):
                 sink.assign(v.read_value() + 1.0)
 
         return move
 
-    moves = [make(k) for k in range(workers)]
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        for move in moves:
-            coordinator.schedule(move)
-        coordinator.join()
-        timed(times, t0)
-    report(times, bytes_per_step=2 * workers * 4 * (rows * DIM + dense_parameters()), rows_per_slot=rows)
+    samples, setup = drive_moves(coordinator, [body(i) for i in range(workers)], steps, k)
+    bytes_per_step = 2 * workers * 4 * (rows * DIM + dense_parameters())
+    emit(samples, setup.replace("a step's bytes", "a step's touched rows"), bytes_per_step=bytes_per_step, rows_per_slot=rows)
 
 
 def role_tf1(size: str, batch: int, steps: int) -> None:
@@ -215,12 +165,10 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
         return
     server, spec, index = started
     workers = spec.num_tasks("worker")
-    ids, labels = data()
     per = batch // workers
-    x_np, y_np = ids[index * per : (index + 1) * per], labels[index * per : (index + 1) * per]
     with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
-        x = v1.placeholder(tf.int32, x_np.shape)
-        y = v1.placeholder(tf.int32, y_np.shape)
+        x = tf.random.uniform([per, TOKENS], 0, ID_RANGE, tf.int32)  # made on the worker, a fresh batch every run
+        y = tf.random.uniform([per], 0, CLASSES, tf.int32)
         table = v1.get_variable("table", [ROWS[size], DIM], initializer=v1.random_uniform_initializer(-0.05, 0.05))
         w1 = v1.get_variable("w1", [DIM, HIDDEN])
         b1 = v1.get_variable("b1", [HIDDEN], initializer=v1.zeros_initializer())
@@ -234,68 +182,40 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
             v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
         )
         train_op = opt.minimize(value, global_step=global_step)
-    run_tf1_worker(server, index, opt, train_op, {x: x_np, y: y_np}, steps)
+    run_tf1_worker(server, index, opt, train_op, steps)
 
 
-ROLES = {"single": role_single, "async": role_async, "transfer": role_transfer, "tf1": role_tf1}
+ROLES = {
+    "transfer": role_transfer,
+    "transfer-looped": lambda size, batch, steps: role_transfer(size, batch, steps, 16),
+    "tf1": role_tf1,
+}  # and tests/benchmarks/fair.py's TF2 peers
 
 # ---- orchestration (this process) ----
 
 
-def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2) -> dict:
-    from tests.benchmarks.bench import K1, PY, env_for, free_ports, peer_pstrain, run_group
+def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu") -> dict:
+    from tests.benchmarks.bench import K1, launch_peer, peer_pstrain
 
-    me = [PY, "-m", "tests.benchmarks.embeddings"]
-    t_launch = time.time()
     if peer.startswith("pstrain"):
-        return peer_pstrain(size, batch, steps, workers=workers, job=JOBS[size], extra=K1 if peer == "pstrain-k1" else None)
-    if peer in ("async", "transfer"):
-        addresses = free_ports(4)
-        cluster = {"chief": addresses[:1], "ps": addresses[1:2], "worker": addresses[2:]}
-        servers = [([PY, "-m", "worker"], env_for(cluster, t, i)) for t in ("ps", "worker") for i in range(len(cluster[t]))]
-        result = run_group([([*me, peer, size, str(batch), str(steps)], env_for(cluster, "chief", 0)), *servers], reporter=0)
-    elif peer == "tf1":
-        addresses = free_ports(1 + workers)
-        cluster = {"ps": addresses[:1], "worker": addresses[1:]}
-        argv = [*me, "tf1", size, str(batch), str(steps)]
-        group = [(argv, env_for(cluster, "worker", i)) for i in range(workers)] + [(argv, env_for(cluster, "ps", 0))]
-        result = run_group(group, reporter=0)
-    else:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
-        result = run_group([([*me, "single", size, str(batch), str(steps)], env)], reporter=0)
-    result["startup_s"] = result.pop("first_step_wall") - t_launch
-    return result
+        extra = K1 if peer == "pstrain-k1" else None
+        return peer_pstrain(size, batch, steps, workers=workers, job=JOBS[size], extra=extra, device=device)
+    return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device)
 
 
 def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
-    from tests.benchmarks.bench import startup_line
+    from tests.benchmarks.bench import limit_text, peer_rows, startup_line
 
     med = {peer: statistics.median(r["step_s"] for r in rs) for peer, rs in runs.items() if rs}
     base = med["pstrain"]
-    names = {
-        "pstrain": "pstrain sync, 2 workers",
-        "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
-        "async": "TF2 PS async, 2 workers",
-        "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
-    }
-    names["single"] = "one process"
-    lines = [
-        f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP, global batch {batch} x {TOKENS} tokens",
-        "| peer | ms/step | examples/s | pstrain ÷ peer (examples/s) | start-up s |",
-        "|---|---|---|---|---|",
-    ]
-    for peer, label in names.items():
-        if peer in med:
-            startup = statistics.median(r["startup_s"] for r in runs[peer])
-            lines.append(
-                f"| {label} | {med[peer] * 1000:.1f} | {batch / med[peer]:,.0f} | {med[peer] / base:.2f}× | {startup:.1f} |"
-            )
+    title = f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP, global batch {batch} x {TOKENS} tokens"
+    lines = [title, *peer_rows(runs, batch)]
     transfer = runs["transfer"][0]
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     lines.append(
         f"\npstrain step {base * 1000:.1f} ms (the chief's dispatch {timing['dispatch'] * 1000:.1f}, steps on workers and ps "
         f"{timing['steps'] * 1000:.1f}); {transfer['rows_per_slot']:,} rows touched per slot; bytes moved per step "
-        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; transfer limit {med['transfer'] * 1000:.1f} ms; "
+        f"{transfer['bytes_per_step'] / 2**20:.2f} MiB; {limit_text(runs, base)}; "
         f"pstrain chief peak RSS {max(r['chief_peak_rss_mib'] for r in runs['pstrain']):,} MiB "
         f"(table {ROWS[size] * DIM * 4 / 2**20:,.0f} MiB)"
     )
@@ -369,22 +289,24 @@ def main() -> int:
     parser.add_argument("--scaling-workers", default="1,2,4,8", help="the worker counts of --scaling")
     parser.add_argument("--per-execution", default="", help="also pstrain with each K steps per dispatch, e.g. 1,4,16,64")
     parser.add_argument("--global-batch-size", type=int, default=128)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    from tests.benchmarks.bench import machine
+    from tests.benchmarks.bench import METHOD, PROBES, machine, rotated, setup_lines
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
-    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run, warm-up excluded", flush=True)
+    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        runs: dict[str, list[dict]] = {p: [] for p in [*peers, "transfer"]}
-        for repeat in range(args.repeats):
-            for peer in [*peers, "transfer"]:
-                result = run_peer(peer, size, batch, args.steps)
+        runs: dict[str, list[dict]] = {p: [] for p in [*peers, *PROBES]}
+        for repeat in range(args.repeats):  # the order rotates round by round
+            for peer in rotated([*peers, *PROBES], repeat):
+                result = run_peer(peer, size, batch, args.steps, device=args.device)
                 runs[peer].append(result)
                 print(f"  {size} round {repeat + 1} {peer}: {result['step_s'] * 1000:.1f} ms/step", flush=True)
         results["runs"][size] = runs
         print(table(size, runs, batch), flush=True)
+        print(setup_lines(runs), flush=True)
     if len(sizes) > 1 and "pstrain" in peers:
         steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in sizes]
         print(f"\npstrain step at {sizes[-1]} ÷ at {sizes[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
@@ -404,6 +326,12 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] in ROLES:
         ROLES[sys.argv[1]](sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        sys.stdout.flush()
+        os._exit(0)  # coordinator threads would otherwise hold the exit
+    if len(sys.argv) == 5 and not sys.argv[1].startswith("-"):
+        from tests.benchmarks.fair import run_role
+
+        run_role("tests.benchmarks.embeddings", sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         sys.stdout.flush()
         os._exit(0)  # coordinator threads would otherwise hold the exit
     raise SystemExit(main())

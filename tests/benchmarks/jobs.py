@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
+
+if TYPE_CHECKING:
+    import tf_keras
 
 INPUTS, CLASSES, EXAMPLES = 784, 10, 4096
 HIDDEN = {"1m": 700, "10m": 2800, "50m": 6700}
@@ -29,6 +32,8 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_model(size: str) -> tf_keras.Model:
+    import tf_keras  # not at import: the TF1 peer imports this module and never uses Keras
+
     h = HIDDEN[size]
     return tf_keras.Sequential(
         [
@@ -41,11 +46,21 @@ def build_model(size: str) -> tf_keras.Model:
 
 
 def loss(y_true, y_pred):
+    import tf_keras
+
     return tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True))
 
 
 def optimizer():
+    import tf_keras
+
     return tf_keras.optimizers.legacy.SGD(learning_rate=0.01)
+
+
+def fresh_batch(seed, n: int):
+    """n examples from a [2] seed, made where it runs (tests/benchmarks/fair.py's peers)."""
+    sx, sy = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    return tf.random.stateless_normal([n, INPUTS], sx), tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
 
 
 class _Mlp:

@@ -1,73 +1,27 @@
-"""The peers pstrain is measured against, one process role each (run by tests/benchmarks/bench.py).
+"""The dense MLP's peers, one process role each (run by tests/benchmarks/bench.py).
 
     python -m tests.benchmarks.peers ROLE SIZE GLOBAL_BATCH STEPS
 
-Roles: single (one process, no cluster), async (TF2 ParameterServerStrategy without a barrier:
-the coordinator, with TF_CONFIG), tf1 (SyncReplicasOptimizer between-graph replication: ps or
-worker, with TF_CONFIG), mwms (MultiWorkerMirroredStrategy worker, with TF_CONFIG), transfer (the
-same bytes as a pstrain step moved over TF's gRPC, no compute: the coordinator), breakdown
-(pstrain's engine with its closure cut short after each phase: the coordinator). The process that
-measures prints one JSON line: {"step_s": mean seconds per global step over the run's second half, ...}.
+Roles here: tf1 (SyncReplicasOptimizer between-graph replication: ps or worker, with TF_CONFIG; no
+tf_keras), transfer and transfer-looped (the bytes of a pstrain step moved over TF's gRPC, no
+compute: the coordinator). The TF2 roles (single, async, async-1step, mwms) are
+tests/benchmarks/fair.py's, on this MLP. The process that measures prints one JSON line:
+{"samples": [[applied global steps, wall time], ...], "setup": how it ran, ...} (tests/benchmarks/window.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tests.benchmarks.jobs import HIDDEN, build_model, loss, optimizer, parameters  # noqa: E402
-
-WARMUP = 3
-
-
-FIRST_STEP_ENDED: list[float] = []
-
-
-def timed(times: list[float], t0: float) -> None:
-    """Record one step's duration, and the wall-clock time when the first step ended."""
-    times.append(time.perf_counter() - t0)
-    if len(times) == 1:
-        FIRST_STEP_ENDED.append(time.time())
-
-
-def report(times: list[float], **extra) -> None:
-    first = FIRST_STEP_ENDED[0] if FIRST_STEP_ENDED else time.time()
-    steady = times[max(WARMUP, len(times) // 2) :] or times  # the second half: TF1 runs its first ~100 steps faster
-    result = {"step_s": sum(steady) / len(steady), "median_step_s": statistics.median(steady), "first_step_wall": first}
-    print(json.dumps({**result, **extra}), flush=True)
-
-
-def batch(size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((size, 784), dtype=np.float32), rng.integers(0, 10, size).astype(np.int32)
-
-
-def single(size: str, global_batch: int, steps: int) -> None:
-    model, opt = build_model(size), optimizer()
-    x, y = batch(global_batch)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
-
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step(x, y)
-        timed(times, t0)
-    report(times)
+from tests.benchmarks.fair import PER_DISPATCH, drive_moves, emit  # noqa: E402
+from tests.benchmarks.jobs import CLASSES, HIDDEN, INPUTS, build_model, parameters  # noqa: E402
 
 
 def _coordinator():
@@ -76,59 +30,24 @@ def _coordinator():
     return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy), resolver.cluster_spec().num_tasks("worker")
 
 
-def asynchronous(size: str, global_batch: int, steps: int) -> None:
-    """TF's own PS training: each closure applies its worker's gradient at once (no barrier)."""
-    strategy, coordinator, workers = _coordinator()
-    with strategy.scope():
-        model, opt = build_model(size), optimizer()
-    per_worker = global_batch // workers
-    x, y = batch(per_worker)
-
-    @tf.function
-    def step(x, y):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                value = loss(y, model(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
-
-        strategy.run(replica, args=(x, y))
-
-    xt, yt = tf.constant(x), tf.constant(y)
-    times = []
-    for _ in range(steps):  # a "step" = one global batch = `workers` closures, as many updates
-        t0 = time.perf_counter()
-        for _ in range(workers):
-            coordinator.schedule(step, args=(xt, yt))
-        coordinator.join()
-        timed(times, t0)
-    report(times)
-
-
-def transfer(size: str, global_batch: int, steps: int) -> None:
+def transfer(size: str, global_batch: int, steps: int, k: int = 1) -> None:
     """The bytes of one pstrain step without compute: each worker reads every parameter from the ps
-    and writes as many values back, concurrently; the transfer limit for that model size."""
+    and writes as many values back, concurrently; the transfer limit for that model size (k moves
+    per closure: fair.drive_moves)."""
     strategy, coordinator, workers = _coordinator()
     with strategy.scope():
         model = build_model(size)
         sinks = [[tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables] for _ in range(workers)]
 
-    def make(k):
-        @tf.function
+    def body(k):
         def move():
             for v, sink in zip(model.trainable_variables, sinks[k], strict=True):
                 sink.assign(v.read_value() + 1.0)  # pull, then push a same-size tensor back
 
         return move
 
-    moves = [make(k) for k in range(workers)]
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        for move in moves:
-            coordinator.schedule(move)
-        coordinator.join()
-        timed(times, t0)
-    report(times, bytes_per_step=2 * workers * 4 * parameters(size))
+    samples, setup = drive_moves(coordinator, [body(i) for i in range(workers)], steps, k)
+    emit(samples, setup, bytes_per_step=2 * workers * 4 * parameters(size))
 
 
 def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
@@ -139,10 +58,10 @@ def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
         return
     server, spec, index = started
     workers = spec.num_tasks("worker")
-    x_np, y_np = batch(global_batch // workers, seed=index)
+    per = global_batch // workers
     with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
-        x = v1.placeholder(tf.float32, x_np.shape)
-        y = v1.placeholder(tf.int32, y_np.shape)
+        x = tf.random.normal([per, INPUTS])  # made on the worker, a fresh batch every run
+        y = tf.random.uniform([per], 0, CLASSES, tf.int32)
         h = HIDDEN[size]
         w1 = v1.get_variable("w1", [784, h])
         b1 = v1.get_variable("b1", [h], initializer=v1.zeros_initializer())
@@ -157,7 +76,7 @@ def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
             v1.train.GradientDescentOptimizer(0.01), replicas_to_aggregate=workers, total_num_replicas=workers
         )
         train_op = opt.minimize(value, global_step=global_step)
-    run_tf1_worker(server, index, opt, train_op, {x: x_np, y: y_np}, steps)
+    run_tf1_worker(server, index, opt, train_op, steps)
 
 
 def tf1_server():
@@ -174,8 +93,13 @@ def tf1_server():
     return server, spec, index
 
 
-def run_tf1_worker(server, index: int, opt, train_op, feed: dict, steps: int) -> None:
-    """Drive a TF1 SyncReplicasOptimizer worker for `steps` steps; worker 0 reports the step times."""
+TF1_SETUP = "1 step per session.run, timed by the global step each run's sync token carries, data made on the workers (tf.random)"
+
+
+def run_tf1_worker(server, index: int, opt, train_op, steps: int) -> None:
+    """Drive a TF1 SyncReplicasOptimizer worker until global step `steps` + 1. Each run returns the sync
+    token it dequeued: the global step after the apply that released it, so worker 0's samples are
+    applied global steps, not its own run count. $BENCH_RUNS_DIR (tests): each worker's run count."""
     v1 = tf.compat.v1
     hooks = [opt.make_session_run_hook(index == 0), v1.train.StopAtStepHook(last_step=steps + 1)]
     # A non-chief worker that finds the model uninitialised re-checks only every 30 s (TF1's
@@ -187,58 +111,41 @@ def run_tf1_worker(server, index: int, opt, train_op, feed: dict, steps: int) ->
 
     v1.train.SessionManager.__init__ = faster_polling
     config = v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
-    times = []
+    samples: list[list[float]] = []
     progress = os.environ.get("BENCH_PROGRESS_FILE") if index == 0 else None  # tests/benchmarks/cpu_split.py reads it
+    runs_dir = os.environ.get("BENCH_RUNS_DIR")
     with v1.train.MonitoredTrainingSession(
         master=server.target, is_chief=index == 0, hooks=hooks, config=config, stop_grace_period_secs=1
     ) as session:
         while not session.should_stop():
-            t0 = time.perf_counter()
-            session.run(train_op, feed_dict=feed)
-            timed(times, t0)
-            if progress and len(times) % 50 == 0:  # whole or not at all: the reader never sees a partial count
-                Path(f"{progress}.tmp").write_text(str(len(times)))
-                os.replace(f"{progress}.tmp", progress)
+            token = session.run(train_op)
+            samples.append([int(token), time.time()])
+            if progress and len(samples) % 50 == 0:  # whole or not at all: the reader never sees a partial count
+                write_whole(progress, str(len(samples)))
+            if runs_dir:
+                write_whole(f"{runs_dir}/worker-{index}", str(len(samples)))
     if index == 0:
-        report(times)
+        emit(samples, TF1_SETUP, runs=len(samples), tf_keras_loaded="tf_keras" in sys.modules)
 
 
-def mwms(size: str, global_batch: int, steps: int) -> None:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    index = tf.distribute.cluster_resolver.TFConfigClusterResolver().task_id
-    with strategy.scope():
-        model, opt = build_model(size), optimizer()
-    x_np, y_np = batch(global_batch // strategy.num_replicas_in_sync, seed=index)
-    xt, yt = tf.constant(x_np), tf.constant(y_np)
-
-    @tf.function
-    def step():
-        def replica():
-            with tf.GradientTape() as tape:
-                value = loss(yt, model(xt, training=True)) / strategy.num_replicas_in_sync
-            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables, strict=True))
-
-        strategy.run(replica)
-
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        timed(times, t0)
-    if index == 0:
-        report(times)
+def write_whole(path: str, text: str) -> None:
+    Path(f"{path}.tmp").write_text(text)
+    os.replace(f"{path}.tmp", path)
 
 
 ROLES = {
-    "single": single,
-    "async": asynchronous,
     "transfer": transfer,
+    "transfer-looped": lambda size, batch, steps: transfer(size, batch, steps, PER_DISPATCH),
     "tf1": tf1_sync_replicas,
-    "mwms": mwms,
 }
 
 if __name__ == "__main__":
     role, size, global_batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    ROLES[role](size, global_batch, steps)
+    if role in ROLES:
+        ROLES[role](size, global_batch, steps)
+    else:
+        from tests.benchmarks.fair import run_role
+
+        run_role("tests.benchmarks.jobs", role, size, global_batch, steps)
     sys.stdout.flush()
     os._exit(0)  # coordinator threads would otherwise hold the exit

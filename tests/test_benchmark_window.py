@@ -1,0 +1,43 @@
+"""The benchmark's one timing definition (tests/benchmarks/window.py), the same for every peer."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.benchmarks.bench import rotated
+from tests.benchmarks.fair import chunks
+from tests.benchmarks.window import block_ends, measure, running_max
+
+pytestmark = pytest.mark.pure
+
+
+def test_the_window_runs_from_the_runs_half_to_its_end_and_start_up_ends_at_the_first_applied_step():
+    samples = [(0, 9.0), (1, 10.0), (17, 11.0), (33, 12.5), (40, 13.2)]  # one block of 1, then blocks of 16, 16, 7
+    result = measure(samples, steps=40, t_launch=4.0)
+    assert result["startup_s"] == pytest.approx(6.0)  # launch to step 1, not to the first sample
+    assert result["window"] == [33, 40] and result["step_s"] == pytest.approx(0.7 / 7)
+
+
+def test_a_short_run_falls_back_to_its_first_applied_step_and_a_run_without_progress_is_refused():
+    assert measure([(1, 1.0), (5, 2.0)], steps=5, t_launch=0.0)["step_s"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="two samples"):
+        measure([(1, 1.0)], steps=5, t_launch=0.0)
+    with pytest.raises(ValueError, match="no step applied after the first"):
+        measure([(1, 1.0), (1, 2.0)], steps=5, t_launch=0.0)
+
+
+def test_samples_of_several_reporters_merge_as_the_most_steps_seen_by_each_time():
+    assert running_max([(3, 2.0), (1, 1.0), (2, 3.0), (5, 4.0)]) == [(1, 1.0), (3, 2.0), (3, 3.0), (5, 4.0)]
+
+
+def test_pstrain_samples_are_its_blocks_ends_so_the_gaps_between_blocks_count():
+    records = [{"event": "start", "time": 0.5}, {"step": 0, "seconds": 0.3, "time": 1.0}]
+    records += [{"step": s, "seconds": 0.01, "time": 2.0 + s / 1000} for s in range(1, 5)]  # a block of 4
+    records += [{"step": s, "seconds": 0.02, "time": 3.0 + s / 1000} for s in range(5, 9)]  # the next
+    assert block_ends(records) == [(1, 1.0), (5, 2.004), (9, 3.008)]
+
+
+def test_the_peer_order_rotates_round_by_round_and_dispatches_cover_the_run():
+    peers = ["pstrain", "tf1", "mwms"]
+    assert [rotated(peers, r)[0] for r in range(4)] == ["pstrain", "tf1", "mwms", "pstrain"]
+    assert chunks(40, 16) == [1, 16, 16, 7] and chunks(33, 16) == [1, 16, 16] and chunks(1, 16) == [1]
