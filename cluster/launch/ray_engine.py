@@ -214,6 +214,9 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
 
 
 def describe(cluster: ClusterConfig) -> str:
-    """'chief on A, ps 0 on A, workers on A, B' for the console."""
-    hosts = lambda addresses: ", ".join(dict.fromkeys(a.rpartition(":")[0] for a in addresses))  # noqa: E731
+    """'chief on A, ps on A, workers on A, B' (each host once) for the console."""
+
+    def hosts(addresses) -> str:
+        return ", ".join(dict.fromkeys(a.rpartition(":")[0] for a in addresses))
+
     return f"chief on {hosts([cluster.chief])}, ps on {hosts(cluster.ps)}, workers on {hosts(cluster.workers)}"
