@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     launch = sub.add_parser("launch", help="run chief, ps and workers on this machine and train")
     add_common(launch)
+    launch.add_argument("--engine", choices=("local", "ray"), help="who places the tasks: local (default) or ray (docs/ray.md)")
+    ray_help = "with --engine ray: auto or HOST:PORT of a Ray cluster (default: start one on 127.0.0.1)"
+    launch.add_argument("--address", dest="ray_address", help=ray_help)
+    spread_help = "with --engine ray: each worker on a node of its own"
+    launch.add_argument("--spread-workers", action="store_true", default=None, help=spread_help)
     train = sub.add_parser("train", help="train; --standalone runs the same job in one process")
     add_common(train)
     train.add_argument("--standalone", action="store_true", help="one process, no cluster (the reference)")
@@ -199,6 +204,8 @@ def run_node_command(args: argparse.Namespace) -> int:
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
     raw = load_toml(args.config) if args.config else {}
     overrides = {"workers": args.workers, "ps": args.ps, "host": args.host}
+    for name in ("engine", "ray_address", "spread_workers"):  # `pstrain launch` only
+        overrides[name] = getattr(args, name, None)
     for flag, _, _ in TRAIN_FLAGS:
         name = flag[2:].replace("-", "_")
         overrides[name] = getattr(args, name)
@@ -258,7 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.launch.gpus import gpu_count
         from cluster.launch.launcher import launch
 
-        return launch(config_from_args(args, gpu_count=gpu_count()))
+        config = config_from_args(args, gpu_count=gpu_count())
+        if config.cluster.engine == "ray":
+            from cluster.launch.ray_engine import launch_ray
+
+            return launch_ray(config)
+        return launch(config)
     except PstrainError as e:
         return report(e)
 

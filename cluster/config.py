@@ -43,6 +43,9 @@ class ClusterConfig:
     tls_key: str = ""
     tls_ca: str = ""  # the CA that clients trust (default: tls_cert, for a self-signed certificate)
     max_restarts: int = 3  # per task: a crashed ps, worker or chief is restarted this often, with back-off
+    engine: str = "local"  # who places the tasks: "local" (pstrain launch/node) or "ray" (docs/ray.md)
+    ray_address: str = ""  # engine "ray": "" starts a local Ray on 127.0.0.1; "auto" or HOST:PORT joins one
+    spread_workers: bool = False  # engine "ray": every worker on a node of its own (STRICT_SPREAD)
 
 
 @dataclass(frozen=True)
@@ -219,10 +222,30 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         heartbeat_timeout=timeout,
         max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", defaults.max_restarts), 0),
         worker_gpu_memory_mb=_int("cluster.worker_gpu_memory_mb", raw.get("worker_gpu_memory_mb", 0), 0),
+        **_engine(raw),
         **strings,
     )
     check_unique_addresses(cluster)
     return cluster
+
+
+def _engine(raw: dict[str, Any]) -> dict[str, Any]:
+    """The engine fields: `engine`, `ray_address` ("", "auto" or HOST:PORT) and `spread_workers`."""
+    engine = raw.get("engine", "local")
+    if engine not in ("local", "ray"):
+        raise ConfigError(f'cluster.engine: expected "local" or "ray" (docs/ray.md), got {engine!r}')
+    address = raw.get("ray_address", "")
+    if not isinstance(address, str):
+        raise ConfigError(f'cluster.ray_address: expected "auto" or "HOST:PORT", got {address!r}')
+    if address not in ("", AUTO):
+        parse_address("cluster.ray_address", address)
+    spread = raw.get("spread_workers", False)
+    if not isinstance(spread, bool):
+        raise ConfigError(f"cluster.spread_workers: expected true or false, got {spread!r}")
+    if engine != "ray" and (address or spread):
+        name = "ray_address" if address else "spread_workers"
+        raise ConfigError(f'cluster.{name}: applies to engine = "ray" only; set engine = "ray" or remove it')
+    return {"engine": engine, "ray_address": address, "spread_workers": spread}
 
 
 def check_unique_addresses(cluster: ClusterConfig) -> None:

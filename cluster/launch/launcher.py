@@ -122,13 +122,16 @@ def launch_locked(
     local: frozenset[str],
     local_tasks,
     control_bind: str,
+    supervisor: Supervisor | None = None,
 ) -> int:
+    """`launch` once the run dir is locked; `supervisor` starts the tasks (default: processes here;
+    the Ray engine's starts them in Ray actors on the nodes Ray chose)."""
     train, run_dir = config.train, lock.run_dir
     with writing(run_dir):
         rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
         lock.set_control(cluster.control)
         hint = token_hint(cluster, run_dir, creds)
-    supervisor = Supervisor(rundir.RunDir(run_dir).logs)
+    supervisor = supervisor or Supervisor(rundir.RunDir(run_dir).logs)
     registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
     server = None
     with StopTrap() as stop:
