@@ -1,4 +1,4 @@
-"""A local model's scores on the eval set (the checkpoint mirror, a restored copy, or the final model)."""
+"""A model's scores on the eval set: the training state (variables on the ps), the chief's mirror, or a restored copy."""
 
 from __future__ import annotations
 
@@ -22,13 +22,16 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     """
     from chief.step.losses import output_losses
 
+    # In a function an embedding lookup reads only the rows it needs: called eagerly, a table split over
+    # ps tasks was concatenated whole on the caller.
+    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
     output_names = getattr(model, "output_names", None)
     metrics = metric_container(job, output_names)
     means, sums, examples, correct, classifier, updated = 0.0, 0.0, 0, 0, metrics is None, False
     for part in data.batches(batch):
         features, labels = part[0], part[1]
         weights = part[2] if len(part) > 2 else None
-        predictions = model(features, training=False)
+        predictions = predict(features)
         n = len(tf.nest.flatten(labels)[0])
         for value, reduction in output_losses(job, output_names, labels, predictions, weights, num_slots=1):
             if reduction == tf_keras.losses.Reduction.SUM:

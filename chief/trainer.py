@@ -34,6 +34,7 @@ from chief.scores import evaluate
 from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints, remove_partial_saves
 from chief.state.model_state import variables_of
+from chief.state.route import open_checkpoints, serving_model
 from chief.state.sharding import placement_summary
 from chief.step.dispatch import ClusterEngine
 from chief.step.engine import Engine, StepResult
@@ -149,7 +150,7 @@ class TrainingRun:
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(variables_of(engine.state.model.weights)))
-        checkpoints = Checkpoints(engine.state, job, sample, run_dir.checkpoints, local=standalone)
+        checkpoints = open_checkpoints(engine.state, job, sample, run_dir.checkpoints, local=standalone)
         # Before a restore writes the checkpoint's statistics into the model: what model_fn adapted now.
         check_adapted(engine.state.model, run_dir.adapted, resumed=checkpoints.latest is not None)
         first = checkpoints.restore_latest()
@@ -240,8 +241,9 @@ class TrainingRun:
             self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
     def maybe_evaluate(self, done: int) -> None:
-        """Every `eval_every` steps: evaluate the model after `done` steps on the checkpoint mirror, a local
-        copy (training waits as long as this takes), and write an eval line."""
+        """Every `eval_every` steps: evaluate the model after `done` steps (the training state itself, read
+        from the ps; the chief's mirror where it keeps one), training waiting as long as this takes, and
+        write an eval line."""
         every = self.train.eval_every
         if not every or done % every:
             return
@@ -265,9 +267,16 @@ class TrainingRun:
         wall = time.monotonic() - self.started
         if self.first_step < self.train.steps:
             self.checkpoints.save(self.train.steps)
-        final = self.checkpoints.model()  # the weights just saved (or restored), in the mirror
+        final = self.checkpoints.model()  # the weights just saved (or restored): the state itself, or the mirror
         scores = evaluate(self.job, final, self.eval_set)
-        export_saved_model(final, self.sample, self.run_dir.saved_model)
+        exported = serving_model(self.checkpoints, self.job, self.sample)
+        if exported is not None:
+            export_saved_model(exported, self.sample, self.run_dir.saved_model)
+        else:
+            self.progress.message(
+                f"pstrain: warning: no SavedModel: the model is split over ps and larger than the chief's memory; serve it "
+                f"from {self.checkpoints.latest} (tf.train.Checkpoint(model=model_fn()).restore on a machine that holds it)"
+            )
         done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
         self.metrics.write({**done, "wall_seconds": round(wall, 3), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()

@@ -10,7 +10,7 @@ import pytest
 import tf_keras
 
 from chief.job import load_job
-from chief.state.checkpoints import Checkpoints
+from chief.state.mirror import MirrorCheckpoints
 from chief.state.model_state import build_state, finalize_layers
 
 pytestmark = pytest.mark.pure
@@ -61,11 +61,11 @@ def test_the_copy_computes_what_the_state_computes_after_a_sync_and_a_restore(tm
     expected = live.model(FEATURES).numpy()
     # The sum of (x - mean) / 2 with the new mean, plus one for a word's one-hot (the unknown "zz" included).
     np.testing.assert_allclose(expected, [[-26.0], [-28.0]], rtol=1e-5)
-    copy = Checkpoints(live, job, SAMPLE, tmp_path, local=False)
+    copy = MirrorCheckpoints(live, job, SAMPLE, tmp_path)
     np.testing.assert_allclose(copy.model()(FEATURES).numpy(), expected, rtol=1e-6)  # filled from the state
     copy.save(1)
 
     _, other = state_with_statistics([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
-    restored = Checkpoints(other, job, SAMPLE, tmp_path, local=False)
+    restored = MirrorCheckpoints(other, job, SAMPLE, tmp_path)
     assert restored.restore_latest() == 0  # the saved global step
     np.testing.assert_allclose(restored.model()(FEATURES).numpy(), expected, rtol=1e-6)  # restored from checkpoint 1
