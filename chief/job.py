@@ -35,6 +35,7 @@ class Job:
     loss_weights: Any = None  # None, a number, or a list/dict per output (as compile's loss_weights)
     loss_name: str = "loss_fn"  # where the loss came from, for messages
     compiled_metrics: Callable[[], tuple[Any, Any]] | None = None  # fresh (metrics, weighted_metrics) from compile
+    class_weight: dict[int, float] | None = None  # {label: weight}, as fit's class_weight (chief/step/class_weights.py)
 
     @property
     def name(self) -> str:
@@ -56,6 +57,7 @@ def load_job(spec: str) -> Job:
         except AttributeError:
             raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
     from chief.job_compiled import job_parts
+    from chief.step.class_weights import checked_class_weight
 
     if not callable(getattr(target, "model_fn", None)):
         raise JobError(f"--job {spec}: missing model_fn; a job defines model_fn() returning a tf_keras model")
@@ -78,6 +80,7 @@ def load_job(spec: str) -> Job:
         eval_arrays=optional("eval_arrays"),
         train_dataset=optional("train_dataset"),
         eval_dataset=optional("eval_dataset"),
+        class_weight=checked_class_weight(spec, getattr(target, "class_weight", None)),
         **parts,
     )
 
