@@ -77,7 +77,7 @@ def test_a_class_weight_fit_would_refuse_is_refused_in_one_line(value, message):
 @pytest.mark.pure
 def test_class_weight_with_two_outputs_is_refused_as_fit_refuses_it(tmp_path):
     from chief.data.sources import train_source
-    from chief.step.engines import LocalEngine
+    from chief.step.local import LocalEngine
     from cluster.config import TrainConfig
 
     job = load_job("tests.jobs.matrix:class_weighted_two_outputs")

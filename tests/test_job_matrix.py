@@ -19,7 +19,8 @@ import tensorflow as tf
 from chief.data.sources import train_source
 from chief.job import load_job
 from chief.state.model_state import variables_of
-from chief.step.engines import ClusterEngine, LocalEngine
+from chief.step.dispatch import ClusterEngine
+from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 from tests.jobs.matrix import FORMS, case_name
 from tests.test_engines import full_weights
