@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chief.job_compiled import job_parts
+from chief.step.class_weights import checked_class_weight
 from cluster.errors import JobError
 
 TRAIN_SOURCES = ("train_dataset", "train_arrays", "train_data")  # exactly one; see chief/data/train_source.py
@@ -32,6 +33,7 @@ class Job:
     loss_weights: Any = None  # None, a number, or a list/dict per output (as compile's loss_weights)
     loss_name: str = "loss_fn"  # where the loss came from, for messages
     compiled_metrics: Callable[[], tuple[Any, Any]] | None = None  # fresh (metrics, weighted_metrics) from compile
+    class_weight: dict[int, float] | None = None  # {label: weight}, as fit's class_weight (chief/step/class_weights.py)
 
     @property
     def name(self) -> str:
@@ -73,6 +75,7 @@ def load_job(spec: str) -> Job:
         eval_arrays=optional("eval_arrays"),
         train_dataset=optional("train_dataset"),
         eval_dataset=optional("eval_dataset"),
+        class_weight=checked_class_weight(spec, getattr(target, "class_weight", None)),
         **parts,
     )
 

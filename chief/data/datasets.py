@@ -19,12 +19,15 @@ from chief.job import JobError
 
 
 def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
-    """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch."""
-    n = indices.shape[0] if indices.shape[0] is not None else tf.size(indices, out_type=tf.int64)
+    """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch
+    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to)."""
+    n = indices.shape[0]
     reads = tf.data.Dataset.from_tensor_slices(indices).map(
         lambda i: tf.data.experimental.at(dataset, i), num_parallel_calls=READ_PARALLELISM, deterministic=True
     )
-    return reads.batch(n).get_single_element()
+    if n is not None:  # exactly n elements: one full batch, with its size in the static shape
+        return reads.batch(n, drop_remainder=True).get_single_element()
+    return reads.batch(tf.size(indices, out_type=tf.int64)).get_single_element()
 
 
 _SHAPES = re.compile(r"First element had shape (\[[^\]]*\]) and element (\d+) had shape (\[[^\]]*\])")

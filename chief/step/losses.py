@@ -65,9 +65,10 @@ def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, nu
             f"{name} returned a loss of shape {list(values.shape)} for a batch of {batch}; return a scalar "
             f"(the batch mean) or one loss per example (shape [{batch}] or [{batch}, ...])"
         )
-    if sample_weight is not None:
-        weight = tf.cast(tf.reshape(sample_weight, [batch] + [1] * (values.shape.rank - 1)), tf.float32)
-        values = values * weight
+    if sample_weight is not None:  # one weight per example, over the example's loss values
+        rows = batch if batch is not None else tf.shape(values)[0]  # a batch of unknown static size: its own
+        weight = tf.reshape(sample_weight, tf.stack([rows] + [1] * (values.shape.rank - 1)))
+        values = values * tf.cast(weight, tf.float32)
     total = tf.reduce_sum(values)
     if reduction == tf_keras.losses.Reduction.SUM:
         return total * num_slots

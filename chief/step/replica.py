@@ -20,6 +20,8 @@ from chief.as_written import as_written
 from chief.graph_ops import unsupported_ops
 from chief.job import Job, JobError
 from chief.state.model_state import variables_of
+from chief.step.build_errors import building_from
+from chief.step.class_weights import class_weighted
 from chief.step.clipping import refuse_whole_variable_features
 from chief.step.forward_state import capture_assigns, layer_of
 from chief.step.gradients import replica_gradients
@@ -61,9 +63,11 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     from chief.step.randomness import stateless_random
 
     features, labels, weights = unpack(data)
+    if r.job.class_weight:  # as fit applies it: per-example weights by label, times any sample weights
+        weights = class_weighted(r.job.class_weight, labels, weights)
     variables = r.model.trainable_variables
     with capture_assigns(r.state_variables) as captured, stateless_random(r.model, r.seed, step, slot):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, building_from(r.job, data):
             predictions = as_written(r.model)(features, training=True)
             loss = slot_loss(r.job, getattr(r.model, "output_names", None), labels, predictions, weights, r.num_slots)
             if r.model.losses:  # regularizers and add_loss, once per step (the same in every slot)
