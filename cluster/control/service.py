@@ -73,7 +73,10 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
         return reply
 
     def Stop(self, request, context):
-        self.on_stop(request.reason or "pstrain stop")
+        reason = request.reason or "pstrain stop"
+        if " from " not in reason:  # an older client: name where the call came from
+            reason += f" from {peer_host(context.peer())}"
+        self.on_stop(reason)
         return pb.StopReply(accepted=True)
 
     def Assignment(self, request, context):
@@ -83,6 +86,12 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
             tasks=[pb.TaskId(type=t, index=i) for t, i, _ in tasks],
             worker_gpus=[gpu for _, _, gpu in tasks],
         )
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ("ipv4:127.0.0.1:5432", "ipv6:[::1]:5432"). Pure."""
+    address = peer.partition(":")[2] or peer
+    return address.rpartition(":")[0].strip("[]") or address
 
 
 def status_message(status: dict) -> pb.StatusReply:

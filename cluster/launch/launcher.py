@@ -34,6 +34,7 @@ from cluster.policy import EndRun, Finish, GiveUp, Kill, chief_decision, restart
 from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
+from cluster.stop_report import stop_outcome
 from cluster.task import TaskId
 from cluster.taskenv import TOKEN_ENV, TaskEnv
 from cluster.versions import local_versions
@@ -150,7 +151,7 @@ def launch_locked(
             try:
                 failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
                 if stop.requested:
-                    return stop.exit_code
+                    return say_stopped(stop, latest_checkpoint_step(run_dir), "start-up")
                 if failure:
                     raise PstrainError(failure)
                 ready.touch()
@@ -165,13 +166,20 @@ def launch_locked(
                 server.stop(grace=1)
 
 
+def say_stopped(stop: StopTrap, checkpoint: int | None, how: str) -> int:
+    """The console line of a stopped run (cluster/stop_report.py); returns its exit code."""
+    outcome = stop_outcome(stop.cause, stop.commanded, stop.exit_code, checkpoint, how)
+    print(outcome.line, flush=True)
+    return outcome.exit_code
+
+
 def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap, bind: str = ""):
     """Serve pstrain's control plane; `pstrain stop` makes the chief checkpoint, then everything exits."""
 
     def on_stop(reason: str) -> None:
-        say(f"stopping: {reason}", error=True)
+        say(f"stopping: {reason} asked the chief to checkpoint at the next step")
         registry.request_stop()
-        stop.request(signal.SIGTERM)
+        stop.request(signal.SIGTERM, cause=reason)
 
     servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
     try:
@@ -243,6 +251,7 @@ class Supervision:
         self.disk_full = False  # the failure is a task log that a full disk refused
         self.killed: set[TaskId] = set()  # hung local tasks killed, not yet restarted
         self.lost_ps: list[str] = []  # ps tasks restarted since the chief last started: why it exits 75
+        self.chief_started_at = latest_checkpoint_step(self.run_dir)  # the checkpoint the chief resumes from
 
     def run(self, chief: Child) -> int:
         while True:
@@ -256,6 +265,8 @@ class Supervision:
             decision = chief_decision(
                 code, chief.restarts, self.cluster.max_restarts, self.stop.exit_code if self.stop.requested else None
             )
+            if isinstance(decision, Finish) and self.stop.requested and code != 0:
+                return say_stopped(self.stop, latest_checkpoint_step(self.run_dir), self._how_stopped(chief.process.returncode))
             if isinstance(decision, Finish):
                 if decision.exit_code == EXIT_RESTARTABLE:
                     say(f"{self._lost_names()} stayed unreachable; {self._resume_hint()}", error=True)
@@ -275,6 +286,7 @@ class Supervision:
             say(f"lost {self._lost_names()}; restarting the chief to resume from {self._resume_point()} ({budget})", warning=True)
             self.lost_ps = []
             self.registry.forget(chief.task)
+            self.chief_started_at = latest_checkpoint_step(self.run_dir)
             chief = self.supervisor.restart(chief)
 
     def _lost_names(self) -> str:
@@ -298,6 +310,20 @@ class Supervision:
             else f"exit {returncode_exit_code(returncode)}"
         )
         return f"the chief could not checkpoint ({how}); {self._resume_hint()}"
+
+    def _how_stopped(self, returncode: int) -> str:
+        """How the chief ended after a stop (Popen's `returncode`), for `stop_outcome`: "saved" when its stop
+        path wrote a newer checkpoint, "start-up" when it had trained nothing yet (no newer checkpoint, and
+        it exited through its stop path or was ended by the signal itself), else what went wrong."""
+        signum = self.stop.signum or signal.SIGTERM
+        newer = latest_checkpoint_step(self.run_dir) != self.chief_started_at
+        if returncode == signal_exit_code(signum):
+            return "saved" if newer else "start-up"
+        if returncode == -signum and not newer:
+            return "start-up"
+        if returncode == -signal.SIGKILL:
+            return f"killed after {CHIEF_STOP_GRACE_S:g}s"
+        return f"exit {returncode_exit_code(returncode)}"
 
     def _servers(self) -> list[Child]:
         return [c for c in self.supervisor.children if not c.task.is_chief]
