@@ -42,16 +42,17 @@ from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import (
     EXIT_FAILURE,
     EXIT_OK,
-    DiskFullError,
     PstrainError,
     RestartableError,
     TrainingError,
     UserCodeError,
-    disk_full_path,
+    WriteError,
     report,
     user_error,
+    write_error,
     writing,
 )
+from cluster.preflight import check_writable
 from cluster.run_times import done_fields, done_phrase, run_times
 from cluster.rundir import RunDir, latest_checkpoint_step, note_start, read_records
 from cluster.stop import StopTrap
@@ -148,6 +149,7 @@ class TrainingRun:
     def start(cls, run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
         """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         startup = StartupClock()
+        check_writable(run_dir)  # before anything, the restore included: a run that could not save is refused now
         with writing(run_dir):
             note_start(run_dir, "chief")  # `done in` counts restarts (cluster/run_times.py)
         stop_point(stop)
@@ -364,6 +366,15 @@ def record_traceback(run_dir: Path, error: BaseException, standalone: bool) -> P
     return path
 
 
+def remove_half_written(run_dir: Path) -> None:
+    """After a failed write: delete what a save cut short left (frees its space); the last complete
+    checkpoint stays. Where the directory cannot be changed either, nothing is there to delete."""
+    try:
+        remove_partial_saves(RunDir(run_dir).checkpoints)
+    except OSError:
+        pass
+
+
 def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool, stop: StopTrap | None = None) -> int:
     """Run, turning user mistakes and training errors into one-line messages and exit codes. `stop`: the
     caller's stop trap, entered before the imports (else one is entered here)."""
@@ -388,13 +399,13 @@ def main_guarded(run_dir: Path, train: TrainConfig, standalone: bool, stop: Stop
         log.warning("%s", e)
         return e.exit_code
     except PstrainError as e:
-        if isinstance(e, DiskFullError):
-            remove_partial_saves(RunDir(run_dir).checkpoints)  # frees their space; the last complete checkpoint stays
+        if isinstance(e, WriteError):
+            remove_half_written(run_dir)
         return report(e)
     except Exception as e:  # a job that raises: one line here, the traceback in the log
-        if (full := disk_full_path(e, run_dir)) is not None:  # a write not wrapped in `writing`
-            remove_partial_saves(RunDir(run_dir).checkpoints)
-            return report(DiskFullError(full))
+        if (failed := write_error(e, run_dir, gone=not run_dir.exists())) is not None:  # a write not in `writing`
+            remove_half_written(run_dir)
+            return report(failed)
         if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
             return report(data_error)  # e.g. a data file missing here
         trace = record_traceback(run_dir, e, standalone)

@@ -304,10 +304,12 @@ def run_standalone(config: Config) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.pop("TF_CONFIG", None)
     from cluster.errors import writing
+    from cluster.preflight import check_writable
     from cluster.runlock import RunDirLock
     from cluster.stop import StopTrap
 
     run_dir = Path(config.train.run_dir)
+    check_writable(run_dir)
     with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
         with writing(run_dir):
             rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)

@@ -39,7 +39,8 @@ class ClusterConfig:
     tls_cert: str = ""  # PEM certificate and key: the control plane speaks TLS
     tls_key: str = ""
     tls_ca: str = ""  # the CA that clients trust (default: tls_cert, for a self-signed certificate)
-    max_restarts: int = 3  # per task: a crashed ps, worker or chief is restarted this often, with back-off
+    max_restarts: int = 3  # per task and per restart_window: a crashed ps, worker or chief is restarted this often
+    restart_window: float = 600.0  # seconds: a restart stops counting against max_restarts this long after it
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         heartbeat_interval=interval,
         heartbeat_timeout=timeout,
         max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", defaults.max_restarts), 0),
+        restart_window=_seconds("cluster.restart_window", raw.get("restart_window", defaults.restart_window)),
         **strings,
     )
     check_unique_addresses(cluster)
