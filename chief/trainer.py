@@ -36,7 +36,9 @@ from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints, remove_partial_saves
 from chief.state.model_state import variables_of
 from chief.state.sharding import placement_summary
-from chief.step.engines import ClusterEngine, Engine, LocalEngine, StepResult
+from chief.step.dispatch import ClusterEngine
+from chief.step.engine import Engine, StepResult
+from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import (

@@ -1,7 +1,8 @@
-"""TF_CONFIG: the only module that parses or writes it. Pure.
+"""TF_CONFIG: the only module that parses or writes it. Pure, but for `training_resolver`.
 
 An injected TF_CONFIG (Kubeflow TFJob, or any scheduler that sets it) -> pstrain's cluster; what a
-`pstrain server` serves; and TF_CONFIG as pstrain writes it for each task it starts.
+`pstrain server` serves; TF_CONFIG as pstrain writes it for each task it starts; and the chief's
+cluster resolver over the training tasks (TensorFlow imported only there).
 
 The operator writes lower-cased task types (``chief`` or its old alias ``master``, ``ps``,
 ``worker``; an ``evaluator`` is not part of the training cluster), addresses
@@ -130,3 +131,20 @@ def config_for_tf_config(raw: dict[str, Any], spec: dict[str, list[str]], contro
 def task_tf_config(spec: dict[str, list[str]], task_type: str, index: int) -> str:
     """TF_CONFIG as pstrain writes it (chief/ps/worker keys), for the task's own TF server."""
     return json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
+
+
+def training_cluster(cluster: dict) -> dict:
+    """The tasks that train: TF_CONFIG's cluster without an `evaluator` (as Kubeflow may list one). The
+    evaluator runs no TF server for the chief; left in, connecting to the cluster would wait for it."""
+    return {job: tasks for job, tasks in cluster.items() if job != "evaluator"}
+
+
+def training_resolver():
+    """TF_CONFIG's resolver (a tf.distribute ClusterResolver), with only the training tasks in its cluster."""
+    import tensorflow as tf  # only the chief resolves; the rest of this module stays pure
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = tf.train.ClusterSpec(training_cluster(resolver.cluster_spec().as_dict()))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type=resolver.task_type, task_id=resolver.task_id, rpc_layer=resolver.rpc_layer or "grpc"
+    )

@@ -13,7 +13,7 @@ import tf_keras
 
 from chief.job import Job
 from chief.step.clipping import SETTINGS, apply_clipped
-from chief.step.engines import LocalEngine
+from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 from tests.test_engines import engine_inputs, full_weights, run_both
 
@@ -156,7 +156,7 @@ REFUSED = {
 @pytest.mark.parametrize("name", REFUSED)
 def test_whole_variable_features_that_cannot_be_exact_are_refused(in_process_cluster, name, tmp_path):
     from chief.job import JobError
-    from chief.step.engines import ClusterEngine
+    from chief.step.dispatch import ClusterEngine
 
     optimizer_fn, constraint, message = REFUSED[name]
 

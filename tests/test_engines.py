@@ -16,7 +16,8 @@ from chief.jobs import recommender
 from chief.optimizers import LazyAdam
 from chief.state.model_state import variables_of
 from chief.state.sharding import read_full, shard_groups
-from chief.step.engines import ClusterEngine, LocalEngine, apply_widths, unpack_applied
+from chief.step.dispatch import ClusterEngine
+from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 
 TABLES = recommender.small  # its user table is sharded over both ps (chief/state/sharding.py)
@@ -152,22 +153,6 @@ def test_text_features_through_lookup_layers_train_as_standalone(in_process_clus
     reference = values(local)
     for got, want in zip(full_weights(cluster, reference), reference, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
-
-
-@pytest.mark.pure
-def test_the_apply_result_packed_as_float64_unpacks_to_every_value_exactly():
-    """The apply returns one float64 array (one fetch per block); every value comes back as it was made."""
-    loss = np.float32(2.3025851)  # not a float64 round number: the float32 must survive the trip
-    rows = [
-        [loss, True, False, True, 4, -1, 7, 3, True, False, True, False],
-        [np.float32(np.inf), False, True, True, -1, 2**40, 1, 0, False, True, True, True],
-    ]
-    losses, chosen, workers, late, finite, applied = unpack_applied(np.array(rows, np.float64), apply_widths(3, 3))
-    assert losses.dtype == np.float32 and losses[0] == loss and np.isinf(losses[1])
-    assert chosen.tolist() == [[True, False, True], [False, True, True]]
-    assert workers.tolist() == [[4, -1, 7], [-1, 2**40, 1]] and late.tolist() == [3, 0]
-    assert finite.tolist() == [[True, False, True], [False, True, True]] and applied.tolist() == [False, True]
-    assert unpack_applied(np.zeros([0, sum(apply_widths(2, 5))]), apply_widths(2, 5))[1].shape == (0, 2)
 
 
 @pytest.mark.pure

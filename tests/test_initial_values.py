@@ -31,7 +31,8 @@ from chief.state.initial_values import (
 )
 from chief.state.model_state import initial_weights
 from chief.state.sharding import partitioner
-from chief.step.engines import ClusterEngine, LocalEngine
+from chief.step.dispatch import ClusterEngine
+from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 from tests.test_engines import engine_inputs, full_weights
 

@@ -138,7 +138,8 @@ def test_a_worker_whose_stream_differs_is_named_in_one_line():
 
 def engines(resolver, run_dir, name: str = "filtered_regression", **train):
     """A ClusterEngine (in-process cluster) and a LocalEngine on tests/jobs/data_jobs.py's `name`, from step 0."""
-    from chief.step.engines import ClusterEngine, LocalEngine
+    from chief.step.dispatch import ClusterEngine
+    from chief.step.local import LocalEngine
 
     job = load_job(f"tests.jobs.data_jobs:{name}")
     config = TrainConfig(job=name, global_batch_size=16, replicas_to_aggregate=2, **train)

@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.loop_profile [--workers 2] [--blocks 8] [--per-execution 16]
 
-A stripped copy of the cluster engine's block (chief/step/engines.py): each worker's closure loops over
+A stripped copy of the cluster engine's block (chief/step/dispatch.py, chief/step/programs.py): each worker's closure loops over
 K steps (wait at the step gate, the embedding benchmark's model on a random batch, push to its slot's
 accumulators), while one function on the ps takes, applies (plain SGD) and opens the next step. No data
 pipeline, no loss accumulator, no finite check: what is left is the loop's own machinery. The servers
