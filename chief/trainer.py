@@ -143,7 +143,6 @@ class TrainingRun:
     sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
     startup: StartupClock
-    started: float = field(default_factory=time.monotonic)
     stale_total: int = 0
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
 

@@ -170,6 +170,9 @@ def small_disk(tmp_path):
     finally:
         for path in mount.rglob("*"):  # what a test made immutable
             subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for inner in sorted((m for m in mounts if m.startswith(f"{mount}/")), reverse=True):  # a bind mount a test made
+            subprocess.run(["umount", "--lazy", inner], capture_output=True)
         subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)  # (a test may have unmounted it)
 
 
@@ -179,8 +182,10 @@ def break_disk(disk: Path, how: str, run_dir: Path) -> None:
         fill(disk)
     elif how == "immutable":
         subprocess.run(["chattr", "+i", str(run_dir / "checkpoints")], check=True)
-    elif how == "read-only":
-        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    elif how == "read-only":  # a read-only bind mount over checkpoints/ (a remount of the disk is refused while files are open)
+        checkpoints = str(run_dir / "checkpoints")
+        subprocess.run(["mount", "--bind", checkpoints, checkpoints], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", checkpoints], check=True)
     else:  # gone: unmounted under the run (open files still write to it, new ones cannot be made)
         subprocess.run(["umount", "--lazy", str(disk)], check=True)
 
@@ -192,7 +197,7 @@ BROKEN = {
         "permission denied writing {run_dir}/checkpoints/ckpt-",
         "; make it writable (chmod u+w; chattr -i where it is immutable) or use another --run-dir",
     ),
-    "read-only": ("read-only file system writing {run_dir}/", "; remount it read-write or use another --run-dir"),
+    "read-only": ("read-only file system writing {run_dir}/checkpoints", "; remount it read-write or use another --run-dir"),
     "gone": (
         "the run dir is gone (unmounted or removed?) writing {run_dir}/",
         "; mount it again (then the same command resumes) or use another --run-dir",
@@ -260,7 +265,7 @@ def test_a_run_dir_that_cannot_be_written_is_refused_before_anything_starts(smal
     assert result.returncode == 2, result.output
     lines = result.output.strip().splitlines()
     what = BROKEN[how][0].split(" writing ")[0]
-    where = f"{run_dir}/checkpoints" if how == "immutable" else str(run_dir)
+    where = str(run_dir) if how == "full" else f"{run_dir}/checkpoints"
     assert len(lines) == 1 and lines[0].startswith(f"pstrain: error: --run-dir: {what} writing {where}; "), lines
     assert BROKEN[how][1] in lines[0], lines
     assert not result.seen_pids, "nothing started"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -214,3 +215,37 @@ def test_readme_command_start_local_sh(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps, done = metrics(run_dir)
     assert len(steps) == 20 and all(s["aggregated"] == 2 for s in steps) and done is not None
+
+
+def test_a_stop_mid_block_ends_it_at_the_next_step_and_resumes_exactly(tmp_path):
+    """SIGTERM while a block of K = 64 steps runs (the first block's lines are in, the second block is
+    in flight): the chief notices it within a poll, ends the block one step after the step it noticed it
+    at (not at the block's end), checkpoints, exits 143, and the same command resumes to the
+    uninterrupted model."""
+    steps, run_dir = 384, tmp_path / "run"
+    args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--steps-per-execution", "64", "--checkpoint-every", "0"]
+    metrics_file = run_dir / "metrics.jsonl"
+
+    def second_block_running() -> bool:
+        return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2  # step 0, then block 1..64
+
+    first = run_pstrain(args, signal_when=second_block_running, send=signal.SIGTERM)
+    assert first.returncode == 128 + signal.SIGTERM, first.output
+    stopped_at = len(metrics(run_dir)[0])
+    log = (run_dir / "logs" / "chief-0.log").read_text()
+    noticed = [int(n) for n in re.findall(r"stop noticed at step (\d+)", log)]
+    assert noticed, "the stop arrived while a block ran"
+    assert stopped_at <= noticed[0] + 1, f"noticed at step {noticed[0]}, stopped after step {stopped_at}"
+    assert stopped_at % 64 != 1 or stopped_at == 1, "the block was cut short, not run to its end"
+    assert f"pstrain: stopped by SIGTERM after step {stopped_at}; checkpoint saved" in first.output, first.output
+    assert_no_orphans(first, within_s=10)
+
+    second = run_pstrain(args)
+    assert second.returncode == 0, second.output
+    assert [r["step"] for r in metrics(run_dir)[0]] == list(range(steps))
+    reference = tmp_path / "reference"
+    uninterrupted = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", str(steps)])
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    features, _ = digits.eval_data()
+    np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
+    assert_no_orphans(second)

@@ -359,7 +359,9 @@ class Supervision:
                 self._restart_dead_servers()
                 self._check_silent()
                 self._check_logs()
-            time.sleep(0.1)
+                self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
+            else:
+                time.sleep(0.1)
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
 
