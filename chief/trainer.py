@@ -143,6 +143,7 @@ class TrainingRun:
     sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
     startup: StartupClock
+    starts: list[dict]  # RUN_DIR/starts.jsonl as this chief started
     stale_total: int = 0
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
 
@@ -153,6 +154,7 @@ class TrainingRun:
         check_writable(run_dir)  # before anything, the restore included: a run that could not save is refused now
         with writing(run_dir):
             note_start(run_dir, "chief")  # `done in` counts restarts (cluster/run_times.py)
+        starts = read_records(RunDir(run_dir).starts)  # read now: the run's times, whatever befalls the run dir
         stop_point(stop)
         job = load_job(train.job)
         source = train_source(job, run_dir, train)  # built again on each worker from its own files
@@ -198,6 +200,7 @@ class TrainingRun:
             sample,
             first,
             startup,
+            starts,
         )
         progress.message(run.banner(standalone))
         return run
@@ -291,7 +294,7 @@ class TrainingRun:
         final = self.checkpoints.model()  # the weights just saved (or restored), in the mirror
         scores = evaluate(self.job, final, self.eval_set)
         export_saved_model(final, self.sample, self.run_dir / "saved_model")
-        times = run_times(read_records(RunDir(self.run_dir).starts), time.time())
+        times = run_times(self.starts, time.time())
         done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
         self.metrics.write({**done, **done_fields(times), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()

@@ -14,6 +14,7 @@ a second full-size value beside it. Evaluation and export use the mirror's model
 
 from __future__ import annotations
 
+import errno
 import re
 import shutil
 from collections.abc import Callable
@@ -44,6 +45,21 @@ def short_reason(error: BaseException) -> str:
     """An error's message on one line, without TF's `{{function_node ...}}` and `[Op:...]` wrapping."""
     text = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]", "", str(error))
     return " ".join(text.split())[:200]
+
+
+def directory_identity(directory: Path) -> tuple[int, int] | None:
+    """(device, inode) of `directory`, None when it does not exist yet."""
+    try:
+        found = directory.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def same_directory(directory: Path, identity: tuple[int, int] | None) -> None:
+    """Raise ENOENT (a vanished run dir, to `writing`) when `directory` is no longer the one of `identity`."""
+    if identity is not None and directory_identity(directory) != identity:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (its file system is gone)", str(directory))
 
 
 def checkpoint_prefixes(directory: Path) -> list[Path]:
@@ -93,6 +109,7 @@ class Checkpoints:
         self._mirror: ModelState | None = live if local else None
         self._manager: tf.train.CheckpointManager | None = None
         self.pairs: list[tuple[list[tf.Variable], tf.Variable]] = []  # (shards of a live variable, its mirror)
+        self._identity = directory_identity(directory)
 
     def _ensure_mirror(self) -> tuple[ModelState, bool]:
         """The mirror, and whether it was made just now (then its values are not the state's yet)."""
@@ -183,7 +200,11 @@ class Checkpoints:
         return mirror.model
 
     def save(self, step: int) -> None:
-        """Snapshot the training state (between steps) and write checkpoint `step`."""
+        """Snapshot the training state (between steps) and write checkpoint `step`. The directory must be
+        the one the run started with: one whose file system was unmounted under the run would otherwise be
+        made again, silently, on the file system below."""
         self.sync()
-        with writing(self.directory / f"ckpt-{step}"):
+        path = self.directory / f"ckpt-{step}"
+        with writing(path):
+            same_directory(self.directory, self._identity)
             self.manager.save(checkpoint_number=step)

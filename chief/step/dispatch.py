@@ -295,10 +295,10 @@ class ClusterEngine:
                 progress, stalled = self._stalled(progress)
             if stalled or interrupted():
                 now = time.monotonic()
-                if unblocked_at is None and not stalled:
-                    log.info("stop noticed at step %d; ending the block at the next step boundary", self._open_step() or 0)
                 if unblocked_at is None or now - unblocked_at > 0.5:
                     self._interrupt()
+                    if unblocked_at is None and not stalled:  # the step the apply had reached when it was told
+                        log.info("stop noticed at step %d; ending the block at the next step boundary", self._open_step() or 0)
                     unblocked_at = now
         return stalled
 
