@@ -11,7 +11,7 @@ import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from chief.data.arrays import tensor_dtype
-from cluster.errors import DiskFullError, writing
+from cluster.errors import WriteError, writing
 
 
 def serving_spec(sample: Any) -> Any:
@@ -62,7 +62,7 @@ def export_saved_model(model, sample: Any, path: Path) -> None:
     try:
         with writing(path), keras_option_scope(save_traces=False):
             tf.saved_model.save(module, str(tmp), signatures={"serving_default": concrete})
-    except DiskFullError:
+    except WriteError:
         shutil.rmtree(tmp, ignore_errors=True)  # no half-written model left behind
         raise
     shutil.rmtree(path, ignore_errors=True)

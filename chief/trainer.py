@@ -44,17 +44,21 @@ from cluster.control.agent import Agent, Report, agent_from_env
 from cluster.errors import (
     EXIT_FAILURE,
     EXIT_OK,
-    DiskFullError,
     PstrainError,
     RestartableError,
     TrainingError,
     UserCodeError,
-    disk_full_path,
+    WriteError,
     report,
     user_error,
+    write_error,
+    writing,
 )
-from cluster.rundir import RunDir
+from cluster.preflight import check_writable
+from cluster.run_times import done_fields, done_phrase, run_times
+from cluster.rundir import RunDir, latest_checkpoint_step, note_start, read_records
 from cluster.stop import StopTrap
+from cluster.stop_report import stop_outcome
 from cluster.taskenv import TaskEnv, wait_until_ready
 from cluster.tfconfig import chief_address, tf_config_text
 
@@ -78,6 +82,16 @@ class StartupClock:
 
     def summary(self) -> str:
         return ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in self.phases.items())
+
+
+class StoppedDuringStartup(Exception):
+    """A stop arrived before the first step: the chief ends without a checkpoint (nothing was trained)."""
+
+
+def stop_point(stop: StopTrap) -> None:
+    """Between the phases of start-up: end it at once when a stop was requested."""
+    if stop.requested:
+        raise StoppedDuringStartup
 
 
 BLOCK_SECONDS = 2.0  # a block of slow steps is cut to about this long, so progress and metrics keep coming
@@ -129,7 +143,7 @@ class TrainingRun:
     sample: object  # the first training example's features: how the mirror is built, the export's signature
     first_step: int
     startup: StartupClock
-    started: float = field(default_factory=time.monotonic)
+    starts: list[dict]  # RUN_DIR/starts.jsonl as this chief started
     stale_total: int = 0
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
 
@@ -137,22 +151,31 @@ class TrainingRun:
     def start(cls, run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
         """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
         startup = StartupClock()
+        check_writable(run_dir.path)  # before anything, the restore included: a run that could not save is refused now
+        with writing(run_dir.path):
+            note_start(run_dir.path, "chief")  # `done in` counts restarts (cluster/run_times.py)
+        starts = read_records(run_dir.starts)  # read now: the run's times, whatever befalls the run dir
+        stop_point(stop)
         job = load_job(train.job)
         source = train_source(job, run_dir, train)  # built again on each worker from its own files
         evaluation = eval_set(job, source.first)
         sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
         startup.mark("job and data")
-        if not wait_until_ready(train.startup_timeout + 30):
+        stop_point(stop)
+        if not wait_until_ready(train.startup_timeout + 30, stopped=lambda: stop.requested):
+            stop_point(stop)
             raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
         startup.mark("wait for the servers")
         engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
         startup.mark("connect and build and check the job")
+        stop_point(stop)
         agent = None if standalone else start_agent(stop)
         if not standalone:
             log.info("placement: %s", placement_summary(variables_of(engine.state.model.weights)))
         checkpoints = open_checkpoints(engine.state, job, sample, run_dir.checkpoints, local=standalone)
         # Before a restore writes the checkpoint's statistics into the model: what model_fn adapted now.
         check_adapted(engine.state.model, run_dir.adapted, resumed=checkpoints.latest is not None)
+        stop_point(stop)
         first = checkpoints.restore_latest()
         if first:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
@@ -177,6 +200,7 @@ class TrainingRun:
             sample,
             first,
             startup,
+            starts,
         )
         progress.message(run.banner(standalone))
         return run
@@ -252,19 +276,20 @@ class TrainingRun:
         self.metrics.write({"event": "eval", "step": done, **scores})
         log.info("eval at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
 
-    def stop_with_checkpoint(self, done: int, stop: StopTrap) -> int:
-        """Save the state after `done` applied steps; exit as the stop signal asks."""
-        self.checkpoints.save(done)
-        self.progress.message(
-            f"pstrain: stopped by {stop.name} after step {done}; checkpoint saved, run the same command to resume"
-        )
+    def stop_with_checkpoint(self, done: int, stop: StopTrap, standalone: bool) -> int:
+        """Save the state after `done` applied steps (none to save when no step ran); say so and exit as the
+        stop signal asks (in a cluster the launcher says it on the console: the chief logs it)."""
+        trained = done > self.first_step
+        if trained:
+            self.checkpoints.save(done)
         self.metrics.close()
+        checkpoint = done if trained else latest_checkpoint_step(self.run_dir.path)
+        say_stopped(stop, checkpoint, "saved" if trained else "start-up", standalone, self.progress.message)
         return stop.exit_code
 
     def finish(self) -> int:
         """Final checkpoint, evaluation of the trained weights, SavedModel export, the done line."""
         self.stale_total += self.engine.close()
-        wall = time.monotonic() - self.started
         if self.first_step < self.train.steps:
             self.checkpoints.save(self.train.steps)
         final = self.checkpoints.model()  # the weights just saved (or restored): the state itself, or the mirror
@@ -277,11 +302,12 @@ class TrainingRun:
                 f"pstrain: warning: no SavedModel: the model is split over ps and larger than the chief's memory; serve it "
                 f"from {self.checkpoints.latest} (tf.train.Checkpoint(model=model_fn()).restore on a machine that holds it)"
             )
+        times = run_times(self.starts, time.time())
         done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
-        self.metrics.write({**done, "wall_seconds": round(wall, 3), "peak_rss_mib": peak_rss_mib()})
+        self.metrics.write({**done, **done_fields(times), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()
         summary = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
-        self.progress.message(f"pstrain: done in {wall:.1f}s; {summary}; saved model in {self.run_dir.saved_model}")
+        self.progress.message(f"pstrain: {done_phrase(times)}; {summary}; saved model in {self.run_dir.saved_model}")
         return EXIT_OK
 
 
@@ -292,25 +318,42 @@ def peak_rss_mib() -> int:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
 
 
-def run(run_dir: RunDir, train: TrainConfig, standalone: bool) -> int:
-    """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code."""
-    with StopTrap() as stop:
+def say_stopped(stop: StopTrap, checkpoint: int | None, how: str, standalone: bool, message=print) -> None:
+    """The stop's one line: on the console standalone; in the chief's log in a cluster, whose launcher
+    says it on the console (it alone knows what stopped the run)."""
+    line = stop_outcome(stop.cause, stop.commanded, stop.exit_code, checkpoint, how).line
+    if standalone:
+        message(line)
+    else:
+        log.info("%s", line.removeprefix("pstrain: "))
+
+
+def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> int:
+    """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code. A stop
+    (`stop`, entered by the caller as early as it can) ends start-up between its phases, and training
+    at the next step boundary with a checkpoint."""
+    try:
         run = TrainingRun.start(run_dir, train, standalone, stop)
-        step, step_seconds = run.first_step, None
-        while step < train.steps:
-            t0 = time.monotonic()
-            count = block_length(step, train, run.first_step, step_seconds)
-            results = run.engine.run(step, count, interrupted=lambda: stop.requested)
-            seconds = time.monotonic() - t0
-            run.record(step, results, seconds)
-            # The run's first step traces every function: the blocks are sized from warm ones.
-            step_seconds = seconds / max(len(results), 1) if step > run.first_step else None
-            step += len(results)
-            run.maybe_checkpoint(step)
-            run.maybe_evaluate(step)
-            if stop.requested:
-                return run.stop_with_checkpoint(step, stop)
-        return run.finish()
+    except StoppedDuringStartup:
+        say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone)
+        return stop.exit_code
+    step, step_seconds = run.first_step, None
+    while step < train.steps:
+        if stop.requested:  # before each block: a stop never waits for one to run
+            return run.stop_with_checkpoint(step, stop, standalone)
+        t0 = time.monotonic()
+        count = block_length(step, train, run.first_step, step_seconds)
+        results = run.engine.run(step, count, interrupted=lambda: stop.requested)
+        seconds = time.monotonic() - t0
+        run.record(step, results, seconds)
+        # The run's first step traces every function: the blocks are sized from warm ones.
+        step_seconds = seconds / max(len(results), 1) if step > run.first_step else None
+        step += len(results)
+        run.maybe_checkpoint(step)
+        run.maybe_evaluate(step)
+    if stop.requested:
+        return run.stop_with_checkpoint(step, stop, standalone)
+    return run.finish()
 
 
 def last_line(message: str) -> str:
@@ -335,14 +378,27 @@ def record_traceback(run_dir: RunDir, error: BaseException, standalone: bool) ->
     return path
 
 
-def main_guarded(run_dir: RunDir, train: TrainConfig, standalone: bool) -> int:
-    """Run, turning user mistakes and training errors into one-line messages and exit codes."""
+def remove_half_written(run_dir: RunDir) -> None:
+    """After a failed write: delete what a save cut short left (frees its space); the last complete
+    checkpoint stays. Where the directory cannot be changed either, nothing is there to delete."""
+    try:
+        remove_partial_saves(run_dir.checkpoints)
+    except OSError:
+        pass
+
+
+def main_guarded(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap | None = None) -> int:
+    """Run, turning user mistakes and training errors into one-line messages and exit codes. `stop`: the
+    caller's stop trap, entered before the imports (else one is entered here)."""
+    if stop is None:
+        with StopTrap() as stop:
+            return main_guarded(run_dir, train, standalone, stop)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     log.setLevel(logging.INFO)
     tf.get_logger().setLevel(logging.WARNING)
     try:
         try:
-            return run(run_dir, train, standalone)
+            return run(run_dir, train, standalone, stop)
         except tf.errors.UnavailableError as e:
             first = e.message.splitlines()[0] if e.message else "unavailable"
             raise RestartableError(
@@ -355,13 +411,13 @@ def main_guarded(run_dir: RunDir, train: TrainConfig, standalone: bool) -> int:
         log.warning("%s", e)
         return e.exit_code
     except PstrainError as e:
-        if isinstance(e, DiskFullError):
-            remove_partial_saves(run_dir.checkpoints)  # frees their space; the last complete checkpoint stays
+        if isinstance(e, WriteError):
+            remove_half_written(run_dir)
         return report(e)
     except Exception as e:  # a job that raises: one line here, the traceback in the log
-        if (full := disk_full_path(e, run_dir.path)) is not None:  # a write not wrapped in `writing`
-            remove_partial_saves(run_dir.checkpoints)
-            return report(DiskFullError(full))
+        if (failed := write_error(e, run_dir.path, gone=not run_dir.path.exists())) is not None:  # a write not in `writing`
+            remove_half_written(run_dir)
+            return report(failed)
         if isinstance(e, tf.errors.OpError) and (data_error := explain_worker_error(e, [])):
             return report(data_error)  # e.g. a data file missing here
         trace = record_traceback(run_dir, e, standalone)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from cluster import __version__
 from cluster.config import Config, check_job_module, load_toml, parse_address, resolve, with_train
 from cluster.control.security import Credentials, load_token
-from cluster.errors import ConfigError, PstrainError, report
+from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
 from cluster.rundir import default_run_dir
 from cluster.slurm import PORT_BASE
 from cluster.taskenv import DEFAULT_CONTROL_PORT, Switches
@@ -162,6 +163,7 @@ def control_credentials(args: argparse.Namespace, cluster=None) -> Credentials:
 def control_call(args: argparse.Namespace) -> int:
     """`pstrain status` / `pstrain stop` against a running chief."""
     import json
+    import socket
 
     import grpc
 
@@ -173,7 +175,7 @@ def control_call(args: argparse.Namespace) -> int:
     control = stub(args.chief, control_credentials(args))
     try:
         if args.command == "stop":
-            control.Stop(pb.StopRequest(reason="pstrain stop"), timeout=RPC_TIMEOUT_S)
+            control.Stop(pb.StopRequest(reason=f"pstrain stop from {socket.gethostname()}"), timeout=RPC_TIMEOUT_S)
             print(f"pstrain: stop requested; the chief at {args.chief} checkpoints and stops the cluster")
             return 0
         status = status_dict(control.Status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S))
@@ -273,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         return launch(config)
     except PstrainError as e:
         return report(e)
+    except KeyboardInterrupt:  # Ctrl-C before a command's own stop trap is in place
+        print("pstrain: stopped by Ctrl-C during start-up, before anything started; run the same command again", flush=True)
+        return signal_exit_code(signal.SIGINT)
 
 
 EVALUATOR_TIMEOUT_S = 7 * 24 * 3600.0  # an evaluator task gives up on a run that never finishes after a week
@@ -306,15 +311,18 @@ def run_standalone(config: Config) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     forget_tf_config()
     from cluster.errors import writing
+    from cluster.preflight import check_writable
     from cluster.runlock import RunDirLock
+    from cluster.stop import StopTrap
 
     run_dir = Path(config.train.run_dir)
-    with RunDirLock(run_dir, "pstrain train --standalone"):
+    check_writable(run_dir)
+    with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
         with writing(run_dir):
             rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
         from chief.trainer import main_guarded
 
-        return main_guarded(rundir.RunDir(run_dir), config.train, standalone=True)
+        return main_guarded(rundir.RunDir(run_dir), config.train, standalone=True, stop=stop)
 
 
 if __name__ == "__main__":

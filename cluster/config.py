@@ -42,7 +42,8 @@ class ClusterConfig:
     tls_cert: str = ""  # PEM certificate and key: the control plane speaks TLS
     tls_key: str = ""
     tls_ca: str = ""  # the CA that clients trust (default: tls_cert, for a self-signed certificate)
-    max_restarts: int = 3  # per task: a crashed ps, worker or chief is restarted this often, with back-off
+    max_restarts: int = 3  # per task and per restart_window: a crashed ps, worker or chief is restarted this often
+    restart_window: float = 600.0  # seconds: a restart stops counting against max_restarts this long after it
     engine: str = "local"  # who places the tasks: "local" (pstrain launch/node) or "ray" (docs/ray.md)
     ray_address: str = ""  # engine "ray": "" starts a local Ray on 127.0.0.1; "auto" or HOST:PORT joins one
     spread_workers: bool = False  # engine "ray": every worker on a node of its own (STRICT_SPREAD)
@@ -223,6 +224,7 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         max_restarts=_int("cluster.max_restarts", raw.get("max_restarts", defaults.max_restarts), 0),
         worker_gpu_memory_mb=_int("cluster.worker_gpu_memory_mb", raw.get("worker_gpu_memory_mb", 0), 0),
         **_engine(raw),
+        restart_window=_seconds("cluster.restart_window", raw.get("restart_window", defaults.restart_window)),
         **strings,
     )
     check_unique_addresses(cluster)

@@ -154,16 +154,59 @@ def user_error(error: BaseException, job_file: str, step: int | None = None, wor
     return UserCodeError(f"{type(error).__name__}: {error_text(error)} ({file}:{line} in {function}){where}")
 
 
-class DiskFullError(PstrainError):
-    """A write failed for want of space; the run stops with its last complete checkpoint."""
+class WriteError(PstrainError):
+    """A write to the run dir failed for a reason the operator can fix (no space, no permission, a
+    read-only or vanished file system); the run stops with its last complete checkpoint. The message:
+    what, where, the fix."""
 
-    def __init__(self, path: object):
-        super().__init__(f"no space left on device writing {path}; free space or use another --run-dir")
+    def __init__(self, path: object, what: str = "cannot write", fix: str = "use another --run-dir"):
+        super().__init__(f"{what} writing {path}; {fix}")
         self.path = str(path)
 
 
-_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+class DiskFullError(WriteError):
+    """A write failed for want of space."""
+
+    def __init__(self, path: object):
+        super().__init__(path, "no space left on device", "free space or use another --run-dir")
+
+
+# (errno, TensorFlow's wording of it, what, the fix); the first entry is the disk full one.
+_WRITE_PROBLEMS = (
+    ((errno.ENOSPC, errno.EDQUOT), ("No space left on device", "Disk quota exceeded"), "", ""),
+    (
+        (errno.EACCES, errno.EPERM),
+        ("Permission denied", "Operation not permitted"),
+        "permission denied",
+        "make it writable (chmod u+w; chattr -i where it is immutable) or use another --run-dir",
+    ),
+    ((errno.EROFS,), ("Read-only file system",), "read-only file system", "remount it read-write or use another --run-dir"),
+    (
+        (errno.ENOENT, errno.ESTALE, errno.ENOTCONN, errno.ENODEV),
+        ("No such file or directory", "Stale file handle", "Transport endpoint is not connected"),
+        "the run dir is gone (unmounted or removed?)",
+        "mount it again (then the same command resumes) or use another --run-dir",
+    ),
+)
+_GONE = _WRITE_PROBLEMS[-1]
 _FULL_PATH = re.compile(r"(/[^\s;]+); (?:No space left on device|Disk quota exceeded)")
+
+
+def write_error(error: BaseException, path: object, gone: bool = True) -> WriteError | None:
+    """The operator's version of `error`, raised writing `path`: no space, no permission, a read-only
+    file system, or (`gone`) a run dir that vanished; None for anything else. An OSError by its errno,
+    a TensorFlow error by its wording ("PATH; Operation not permitted")."""
+    if isinstance(error, WriteError):
+        return error
+    code = error.errno if isinstance(error, OSError) else None
+    text = "" if code is not None else str(getattr(error, "message", None) or error)
+    for problem in _WRITE_PROBLEMS if gone else _WRITE_PROBLEMS[:-1]:
+        codes, words, what, fix = problem
+        if code in codes or (code is None and any(word in text for word in words)):
+            if not what:
+                return DiskFullError(path)
+            return WriteError(path, what, fix)
+    return None
 
 
 def disk_full_path(error: BaseException, default: object = "") -> str | None:
@@ -174,7 +217,7 @@ def disk_full_path(error: BaseException, default: object = "") -> str | None:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return str(error.filename or default)
     text = str(getattr(error, "message", None) or error)
-    if not any(marker in text for marker in _DISK_FULL_TEXT):
+    if not any(marker in text for marker in _WRITE_PROBLEMS[0][1]):
         return None
     if default:
         return str(default)
@@ -184,12 +227,14 @@ def disk_full_path(error: BaseException, default: object = "") -> str | None:
 
 @contextmanager
 def writing(path: object) -> Iterator[None]:
-    """Turn a full disk while writing `path` into one DiskFullError naming it; other errors pass."""
+    """Turn a failed write to `path` that the operator can fix (`write_error`) into one WriteError
+    naming it; other errors pass."""
     try:
         yield
-    except DiskFullError:
+    except WriteError:
         raise
     except Exception as e:
-        if disk_full_path(e, path) is None:
+        found = write_error(e, path)
+        if found is None:
             raise
-        raise DiskFullError(path) from e
+        raise found from e

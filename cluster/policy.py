@@ -6,6 +6,8 @@ carries the answer out. Tested without processes (tests/test_policy.py).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster.errors import EXIT_OK, EXIT_RESTARTABLE
@@ -34,15 +36,41 @@ class Finish:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class RestartBudget:
+    """A task's restarts that still count against `max_restarts`: those of the last `window_s` seconds."""
+
+    used: int
+    max_restarts: int
+    window_s: float
+    resets_at: float | None  # when the newest counted restart stops counting: the count is 0 again (None: it is)
+
+
+def restart_budget(times: Sequence[float], now: float, max_restarts: int, window_s: float) -> RestartBudget:
+    """The budget of a task restarted at `times` (seconds since the epoch), as of `now`."""
+    counted = [t for t in times if now - t < window_s]
+    return RestartBudget(len(counted), max_restarts, window_s, max(counted) + window_s if counted else None)
+
+
+def budget_phrase(budget: RestartBudget) -> str:
+    """How the console says when a budget resets, e.g. "the count resets at 22:31:05 (3 per 10 min)"."""
+    window = f"{budget.window_s / 60:g} min" if budget.window_s >= 60 else f"{budget.window_s:g}s"
+    per = f"{budget.max_restarts} per {window}"
+    if budget.resets_at is None:
+        return f"no restart counts now ({per})"
+    return f"the count resets at {time.strftime('%H:%M:%S', time.localtime(budget.resets_at))} ({per})"
+
+
 def restart_decision(restarts: int, max_restarts: int) -> Restart | GiveUp:
-    """A ps or worker exited after `restarts` earlier restarts."""
+    """A ps or worker exited after `restarts` earlier restarts that still count (`restart_budget`)."""
     if restarts >= max_restarts:
         return GiveUp(f"{restarts + 1} times; giving up")
     return Restart(delay_s=min(2.0**restarts, MAX_BACKOFF_S))
 
 
 def chief_decision(exit_code: int, restarts: int, max_restarts: int, stop_code: int | None) -> Restart | Finish:
-    """The chief exited with `exit_code`. `stop_code` is set when the user asked the run to stop.
+    """The chief exited with `exit_code` after `restarts` restarts that still count (`restart_budget`).
+    `stop_code` is set when the user asked the run to stop.
 
     A stop request ends the run: 0 when the chief still completed, else the stop's 128+N. The chief's
     "a task became unreachable" code (75) restarts it, bounded by `max_restarts`, so it resumes from

@@ -99,6 +99,11 @@ class RunDir:
         return self.path / LOCK_NAME
 
     @property
+    def starts(self) -> Path:
+        """starts.jsonl: a line per launch and per start of the chief (`note_start`; cluster/run_times.py reads it)."""
+        return self.path / "starts.jsonl"
+
+    @property
     def control_token(self) -> Path:
         """The generated control-plane token (owner-only)."""
         return self.path / "control.token"
@@ -182,6 +187,14 @@ def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
+    note_start(run_dir, "launch")
+
+
+def note_start(run_dir: Path, event: str, now: float | None = None) -> None:
+    """Append a start record ("launch" or "chief") to RUN_DIR/starts.jsonl: how `done in` counts from
+    the first launch and counts restarts."""
+    with open(RunDir(run_dir).starts, "a") as f:
+        f.write(json.dumps({"event": event, "time": round(time.time() if now is None else now, 3)}) + "\n")
 
 
 def write_secret(path: Path, secret: str) -> None:

@@ -21,6 +21,8 @@ class StopTrap:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.cause = ""  # what asked for the stop, as the console says it: "Ctrl-C", "SIGTERM", "pstrain stop from HOST"
+        self.commanded = False  # asked for by a command (`pstrain stop`), not by a signal to this process
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopTrap:
@@ -35,10 +37,12 @@ class StopTrap:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.request(signum)
 
-    def request(self, signum: int = signal.SIGTERM) -> None:
-        """Ask for a stop as if `signum` had arrived; the first request wins."""
+    def request(self, signum: int = signal.SIGTERM, cause: str = "") -> None:
+        """Ask for a stop as if `signum` had arrived; the first request wins. `cause` (a command such as
+        "pstrain stop from HOST") marks the stop as commanded: it exits 0 once it checkpointed cleanly."""
         if self.signum is None:
             self.signum = signum
+            self.cause, self.commanded = cause or cause_of(signum), bool(cause)
 
     @property
     def requested(self) -> bool:
@@ -64,3 +68,8 @@ class StopTrap:
     @property
     def name(self) -> str:
         return signal_name(self.signum) if self.signum is not None else ""
+
+
+def cause_of(signum: int) -> str:
+    """How the console names a stop signal: "Ctrl-C" for SIGINT, else its name ("SIGTERM")."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal_name(signum)

@@ -13,7 +13,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,13 +144,13 @@ class Switches:
         )
 
 
-def wait_until_ready(timeout_s: float) -> bool:
+def wait_until_ready(timeout_s: float, stopped: Callable[[], bool] = lambda: False) -> bool:
     """Block until the file named in $PSTRAIN_READY_FILE exists (at once when it is not set); False
-    after `timeout_s`. The launcher creates it once every ps and worker registered."""
+    after `timeout_s` or once `stopped()`. The launcher creates it once every ps and worker registered."""
     path = TaskEnv.from_env().ready_file
     deadline = time.monotonic() + timeout_s
     while path and not os.path.exists(path):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or stopped():
             return False
         time.sleep(0.05)
     return True

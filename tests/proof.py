@@ -11,7 +11,7 @@ PROOF = (
     "tests/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
     "tests/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
     "tests/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",
-    "tests/test_faults.py::test_full_disk_stops_with_one_line_and_the_last_checkpoint_intact",  # docs/faults.md
+    "tests/test_faults.py::test_a_disk_that_refuses_writes_stops_with_one_line_and_the_last_checkpoint_intact",  # docs/faults.md
 )
 
 

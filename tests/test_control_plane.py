@@ -116,7 +116,7 @@ def test_wrong_token_is_refused_and_changes_nothing(control_plane):
     assert stops == [] and not registry.stopping
     good = stub(address, Credentials("right-token"))
     good.Stop(pb.StopRequest(reason="test"), timeout=5)
-    assert stops == ["test"]
+    assert stops == ["test from 127.0.0.1"], "the reason names where the call came from"
 
 
 @pytest.mark.pure

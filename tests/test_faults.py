@@ -170,7 +170,41 @@ def small_disk(tmp_path):
     try:
         yield mount
     finally:
-        subprocess.run(["umount", "--lazy", str(mount)], check=True)
+        for path in mount.rglob("*"):  # what a test made immutable
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for inner in sorted((m for m in mounts if m.startswith(f"{mount}/")), reverse=True):  # a bind mount a test made
+            subprocess.run(["umount", "--lazy", inner], capture_output=True)
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)  # (a test may have unmounted it)
+
+
+def break_disk(disk: Path, how: str, run_dir: Path) -> None:
+    """Make `disk` refuse the run's writes: full, its checkpoints immutable, read-only, or gone."""
+    if how == "full":
+        fill(disk)
+    elif how == "immutable":
+        subprocess.run(["chattr", "+i", str(run_dir / "checkpoints")], check=True)
+    elif how == "read-only":  # a read-only bind mount over checkpoints/ (a remount of the disk is refused while files are open)
+        checkpoints = str(run_dir / "checkpoints")
+        subprocess.run(["mount", "--bind", checkpoints, checkpoints], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", checkpoints], check=True)
+    else:  # gone: unmounted under the run (open files still write to it, new ones cannot be made)
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+# The one error line's start, after "pstrain: error: ", and its end.
+BROKEN = {
+    "full": ("no space left on device writing {run_dir}/", "; free space or use another --run-dir"),
+    "immutable": (
+        "permission denied writing {run_dir}/checkpoints/ckpt-",
+        "; make it writable (chmod u+w; chattr -i where it is immutable) or use another --run-dir",
+    ),
+    "read-only": ("read-only file system writing {run_dir}/checkpoints", "; remount it read-write or use another --run-dir"),
+    "gone": (
+        "the run dir is gone (unmounted or removed?) writing {run_dir}/",
+        "; mount it again (then the same command resumes) or use another --run-dir",
+    ),
+}
 
 
 def fill(disk: Path) -> None:
@@ -187,28 +221,53 @@ def fill(disk: Path) -> None:
         os.close(fd)
 
 
-def test_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(small_disk):
-    run_dir, filled = small_disk / "run", []
+@pytest.mark.parametrize("how", list(BROKEN))
+def test_a_disk_that_refuses_writes_stops_with_one_line_and_the_last_checkpoint_intact(small_disk, how):
+    """At step 40 the run dir's disk fills up, its checkpoints/ turns immutable (chattr +i), it is
+    remounted read-only, or it is unmounted: one line (what, where, the fix), exit 1, no half-written
+    checkpoint, the last complete one intact (where the disk is still there to read), nothing left."""
+    run_dir, broken = small_disk / "run", []
 
-    def fill_at_step_40() -> bool:
-        if not filled and step_lines(run_dir) >= 40:
-            fill(small_disk)
-            filled.append(True)
-        return bool(filled)
+    def break_at_step_40() -> bool:
+        if not broken and step_lines(run_dir) >= 40:
+            break_disk(small_disk, how, run_dir)
+            broken.append(True)
+        return bool(broken)
 
     args = ["launch", "--run-dir", str(run_dir), "--steps", "3000", "--checkpoint-every", "10"]
-    result = run_pstrain(args, signal_when=fill_at_step_40, send=None)
-    assert filled, "the disk filled up during the run"
+    result = run_pstrain(args, signal_when=break_at_step_40, send=None)
+    assert broken, "the disk broke during the run"
     assert result.returncode == 1, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("pstrain: error:")]
     assert len(errors) == 1, result.output
-    assert errors[0].startswith(f"pstrain: error: no space left on device writing {run_dir}/"), errors[0]
-    assert errors[0].endswith("; free space or use another --run-dir"), errors[0]
+    start, end = BROKEN[how]
+    assert errors[0].startswith("pstrain: error: " + start.format(run_dir=run_dir)), errors[0]
+    assert errors[0].endswith(end), errors[0]
     assert "Traceback" not in result.output and "Exception in thread" not in result.output, result.output
+    assert_no_orphans(result)
+    if how == "gone":
+        return  # nothing left to read
+    subprocess.run(["chattr", "-i", str(run_dir / "checkpoints")], capture_output=True)  # (a read-only mount refuses)
     assert not [p for p in run_dir.rglob("*") if "_temp" in p.name or p.name.endswith(".tmp")], "no half-written files"
     latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
     assert latest and int(latest.rsplit("-", 1)[1]) >= 30, latest
     reader = tf.train.load_checkpoint(latest)
     for name in reader.get_variable_to_shape_map():
         reader.get_tensor(name)  # every value reads back: the last checkpoint is intact
-    assert_no_orphans(result)
+
+
+@pytest.mark.parametrize("how", ["full", "immutable", "read-only"])
+@pytest.mark.parametrize("command", ["launch", "train --standalone"])
+def test_a_run_dir_that_cannot_be_written_is_refused_before_anything_starts(small_disk, how, command):
+    """Checked before any task starts: one line (what, where, the fix), exit 2, no process started."""
+    run_dir = small_disk / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    break_disk(small_disk, how, run_dir)
+    result = run_pstrain([*command.split(), "--run-dir", str(run_dir), "--steps", "20"])
+    assert result.returncode == 2, result.output
+    lines = result.output.strip().splitlines()
+    what = BROKEN[how][0].split(" writing ")[0]
+    where = str(run_dir) if how == "full" else f"{run_dir}/checkpoints"
+    assert len(lines) == 1 and lines[0].startswith(f"pstrain: error: --run-dir: {what} writing {where}; "), lines
+    assert BROKEN[how][1] in lines[0], lines
+    assert not result.seen_pids, "nothing started"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -114,21 +115,42 @@ def test_resume_on_two_ps_shards_variables_and_matches_the_standalone_model(tmp_
     assert_no_orphans(second)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def pstrain_stop(run_dir: Path) -> subprocess.CompletedProcess:
+    """`pstrain stop` against the run's control plane, as an operator types it."""
+    control = json.loads((run_dir / "cluster.json").read_text())["control"]
+    args = ["stop", "--chief", control, "--token-file", str(run_dir / "control.token")]
+    return subprocess.run(["python", "-m", "cluster.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, "pstrain stop"], ids=["ctrl-c", "sigterm", "pstrain-stop"])
 def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
+    """A stop after the first checkpoint: one line saying what stopped the run and after which step (no
+    `error`), exit 128+N for a signal and 0 for `pstrain stop`; the same command resumes to the
+    uninterrupted model, and its done line counts from the first launch."""
     steps = 120
     run_dir = tmp_path / "run"
     args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "20"]
+    asked: list[subprocess.CompletedProcess] = []
 
     def past_first_checkpoint() -> bool:
-        return step_lines(run_dir) >= 25
+        ready = step_lines(run_dir) >= 25
+        if ready and stop == "pstrain stop" and not asked:
+            asked.append(pstrain_stop(run_dir))
+        return ready
 
-    first = run_pstrain(args, signal_when=past_first_checkpoint, send=stop)
-    assert first.returncode == 128 + stop, first.output
-    assert "checkpoint saved" in first.output
-    assert_no_orphans(first, within_s=10)
+    first = run_pstrain(args, signal_when=past_first_checkpoint, send=None if stop == "pstrain stop" else stop)
     stopped_at = len(metrics(run_dir)[0])
     assert 25 <= stopped_at < steps
+    cause = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}.get(stop, "pstrain stop from ")
+    line = f"pstrain: stopped by {cause}"
+    assert line in first.output and f" after step {stopped_at}; checkpoint saved, " in first.output, first.output
+    assert first.output.count("pstrain: stopped by") == 1 and "error" not in first.output, first.output
+    if stop == "pstrain stop":
+        assert asked[0].returncode == 0, asked[0].stderr
+        assert first.returncode == 0, first.output
+    else:
+        assert first.returncode == 128 + stop, first.output
+    assert_no_orphans(first, within_s=10)
     # What a crash in the middle of a later save leaves behind: files of a newer checkpoint that the
     # checkpoint state never pointed to. They must not be taken for the latest checkpoint.
     (run_dir / "checkpoints" / "ckpt-119.index").write_bytes(b"\x00partial")
@@ -139,6 +161,8 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     assert f"steps {stopped_at}..{steps}" in second.output
     records, done = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(steps))
+    assert "since the first launch (this launch " in second.output and ", 1 restart)" in second.output, second.output
+    assert done["restarts"] == 1 and done["wall_seconds"] > done["launch_seconds"] > 0, done
 
     reference = tmp_path / "reference"
     uninterrupted = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", str(steps)])
@@ -146,6 +170,30 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     features, _ = digits.eval_data()
     np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
     assert_no_orphans(second)
+
+
+@pytest.mark.parametrize("when", ["launcher", "chief"])
+def test_a_stop_during_start_up_says_so_in_one_line(tmp_path, when):
+    """Ctrl-C while the servers start (before the chief's log has a line), or while the chief starts (its
+    log begun, no step yet): one line, nothing trained, exit 130, nothing left running."""
+    run_dir = tmp_path / "run"
+    log = run_dir / "logs" / "chief-0.log"
+
+    def starting() -> bool:
+        if when == "launcher":
+            return (run_dir / "logs").is_dir()
+        return log.exists() and log.stat().st_size > 0 and not (run_dir / "metrics.jsonl").exists()
+
+    result = run_pstrain(["launch", "--run-dir", str(run_dir), "--steps", "50"], signal_when=starting)
+    assert result.returncode == 130, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("pstrain: stopped")]
+    expected = (
+        "pstrain: stopped by Ctrl-C during start-up, before any step ran; run the same command to start (no checkpoint yet)"
+    )
+    assert lines == [expected], result.output
+    assert "error" not in result.output and "Traceback" not in result.output, result.output
+    assert not (run_dir / "checkpoints" / "checkpoint").exists()
+    assert_no_orphans(result)
 
 
 def test_start_local_sh_runs_a_job_from_the_users_directory(tmp_path):
@@ -166,3 +214,37 @@ def test_readme_command_start_local_sh(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps, done = metrics(run_dir)
     assert len(steps) == 20 and all(s["aggregated"] == 2 for s in steps) and done is not None
+
+
+def test_a_stop_mid_block_ends_it_at_the_next_step_and_resumes_exactly(tmp_path):
+    """SIGTERM while a block of K = 64 steps runs (the first block's lines are in, the second block is
+    in flight): the chief notices it within a poll, ends the block one step after the step it noticed it
+    at (not at the block's end), checkpoints, exits 143, and the same command resumes to the
+    uninterrupted model."""
+    steps, run_dir = 384, tmp_path / "run"
+    args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--steps-per-execution", "64", "--checkpoint-every", "0"]
+    metrics_file = run_dir / "metrics.jsonl"
+
+    def second_block_running() -> bool:
+        return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2  # step 0, then block 1..64
+
+    first = run_pstrain(args, signal_when=second_block_running, send=signal.SIGTERM)
+    assert first.returncode == 128 + signal.SIGTERM, first.output
+    stopped_at = len(metrics(run_dir)[0])
+    log = (run_dir / "logs" / "chief-0.log").read_text()
+    noticed = [int(n) for n in re.findall(r"stop noticed at step (\d+)", log)]
+    assert noticed, "the stop arrived while a block ran"
+    assert stopped_at <= noticed[0] + 1, f"noticed at step {noticed[0]}, stopped after step {stopped_at}"
+    assert stopped_at % 64 != 1 or stopped_at == 1, "the block was cut short, not run to its end"
+    assert f"pstrain: stopped by SIGTERM after step {stopped_at}; checkpoint saved" in first.output, first.output
+    assert_no_orphans(first, within_s=10)
+
+    second = run_pstrain(args)
+    assert second.returncode == 0, second.output
+    assert [r["step"] for r in metrics(run_dir)[0]] == list(range(steps))
+    reference = tmp_path / "reference"
+    uninterrupted = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", str(steps)])
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    features, _ = digits.eval_data()
+    np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
+    assert_no_orphans(second)

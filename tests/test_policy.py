@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
+from cluster.control.registry import Registry
+from cluster.control.status_table import format_status
 from cluster.errors import EXIT_RESTARTABLE, ConfigError, PstrainError, RestartableError, TrainingError, returncode_exit_code
-from cluster.policy import EndRun, Finish, GiveUp, Kill, Restart, chief_decision, restart_decision, silent_task_decision
+from cluster.policy import (
+    EndRun,
+    Finish,
+    GiveUp,
+    Kill,
+    Restart,
+    RestartBudget,
+    budget_phrase,
+    chief_decision,
+    restart_budget,
+    restart_decision,
+    silent_task_decision,
+)
 from cluster.rundir import checkpoint_step
 from cluster.stop import StopTrap
 from cluster.task import TaskId
@@ -104,3 +119,36 @@ def test_silent_task_decision(started_here, running, expected):
 )
 def test_checkpoint_step(text, step):
     assert checkpoint_step(text) == step
+
+
+def test_restart_budget_counts_the_restarts_of_the_last_window():
+    """Three restarts in 15 s use the budget up; ten minutes after the last one it is whole again."""
+    times = [1000.0, 1005.0, 1015.0]
+    spent = restart_budget(times, now=1016.0, max_restarts=3, window_s=600.0)
+    assert spent == RestartBudget(used=3, max_restarts=3, window_s=600.0, resets_at=1615.0)
+    assert isinstance(restart_decision(spent.used, 3), GiveUp)
+    partly = restart_budget(times, now=1604.0, max_restarts=3, window_s=600.0)  # the first one left the window
+    assert partly.used == 2 and restart_decision(partly.used, 3) == Restart(4.0)
+    whole = restart_budget(times, now=1615.0, max_restarts=3, window_s=600.0)
+    assert whole == RestartBudget(0, 3, 600.0, None) and restart_decision(whole.used, 3) == Restart(1.0)
+    assert chief_decision(EXIT_RESTARTABLE, whole.used, 3, None) == Restart(0.0)
+
+
+def test_budget_phrase_says_when_the_count_resets():
+    resets = time.mktime((2026, 12, 4, 22, 31, 5, 0, 0, -1))
+    assert budget_phrase(RestartBudget(1, 3, 600.0, resets)) == "the count resets at 22:31:05 (3 per 10 min)"
+    assert budget_phrase(RestartBudget(0, 3, 30.0, None)) == "no restart counts now (3 per 30s)"
+
+
+def test_status_shows_each_tasks_restarts_and_when_they_reset():
+    now = [1000.0]
+    registry = Registry({TaskId("worker", 0): "127.0.0.1:1"}, {}, 10.0, max_restarts=3, restart_window=600.0, wall=lambda: now[0])
+    registry.note_restarts(TaskId("worker", 0), (990.0, 995.0))
+    status = registry.status()
+    assert (status["max_restarts"], status["restart_window_s"]) == (3, 600.0)
+    assert status["tasks"][0]["restarts"] == 2 and status["tasks"][0]["restarts_reset_at"] == 1595.0
+    table = format_status(status)
+    assert "restarts: at most 3 per task in 10 min" in table.splitlines()[0]
+    assert f"2 of 3 until {time.strftime('%H:%M:%S', time.localtime(1595.0))}" in table
+    now[0] = 1600.0
+    assert registry.status()["tasks"][0]["restarts"] == 0

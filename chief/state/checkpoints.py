@@ -16,6 +16,7 @@ checkpoint directory (one machine or a shared mount); chief/state/route.py check
 
 from __future__ import annotations
 
+import errno
 import re
 import shutil
 from collections.abc import Callable
@@ -46,6 +47,21 @@ def short_reason(error: BaseException) -> str:
     """An error's message on one line, without TF's `{{function_node ...}}` and `[Op:...]` wrapping."""
     text = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]", "", str(error))
     return " ".join(text.split())[:200]
+
+
+def directory_identity(directory: Path) -> tuple[int, int] | None:
+    """(device, inode) of `directory`, None when it does not exist yet."""
+    try:
+        found = directory.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def same_directory(directory: Path, identity: tuple[int, int] | None) -> None:
+    """Raise ENOENT (a vanished run dir, to `writing`) when `directory` is no longer the one of `identity`."""
+    if identity is not None and directory_identity(directory) != identity:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (its file system is gone)", str(directory))
 
 
 def checkpoint_prefixes(directory: Path) -> list[Path]:
@@ -97,6 +113,7 @@ class Checkpoints:
         self._checkpoint = live.checkpoint()
         self._checkpoint.save_counter  # noqa: B018 (the chief's own small value, created before the save is traced)
         self._save_fn = None
+        self._identity = directory_identity(directory)  # a save checks the run dir is still this one
 
     def prepare(self) -> None:
         """Trace the save now, while every task answers (a new function is registered with all of them)."""
@@ -170,11 +187,14 @@ class Checkpoints:
 
     def save(self, step: int) -> None:
         """Write checkpoint `step` of the training state (between steps); only a complete one (its index
-        written) becomes the latest, and the oldest beyond MAX_TO_KEEP are deleted."""
+        written) becomes the latest, and the oldest beyond MAX_TO_KEEP are deleted. The directory must be
+        the one the run started with: one whose file system was unmounted under the run would otherwise be
+        made again, silently, on the file system below."""
         prefix = self.directory / f"ckpt-{step}"
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             with writing(prefix):
+                same_directory(self.directory, self._identity)
                 self._write(prefix)
         except tf.errors.PermissionDeniedError as e:
             remove_partial_saves(self.directory)

@@ -38,6 +38,9 @@ from cluster.taskenv import Switches
 from cluster.tfconfig import training_resolver
 
 log = logging.getLogger("pstrain.chief")
+# How often a waiting chief looks at `interrupted()`: well inside one step of a small model, so a stop
+# ends the block at the next step boundary rather than after a whole fast block.
+INTERRUPT_POLL_S = 0.02
 
 
 class ClusterEngine:
@@ -255,7 +258,7 @@ class ClusterEngine:
         dispatch after `prepare`: a blocking apply there was seen to hold it up). False if interrupted."""
         waiting = set(pending)
         while waiting and len(results) < self.train.replicas_to_aggregate:
-            done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
+            done, waiting = futures.wait(waiting, timeout=INTERRUPT_POLL_S, return_when=futures.FIRST_COMPLETED)
             for future in done:
                 results[pending[future]] = future.result()
                 self._finished.append(pending[future])
@@ -281,7 +284,7 @@ class ClusterEngine:
         unblocked_at, stalled = None, False
         progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
-            done, waiting = futures.wait(waiting, timeout=0.25, return_when=futures.FIRST_COMPLETED)
+            done, waiting = futures.wait(waiting, timeout=INTERRUPT_POLL_S, return_when=futures.FIRST_COMPLETED)
             for future in done:
                 if future is applying:
                     continue
@@ -295,6 +298,8 @@ class ClusterEngine:
                 now = time.monotonic()
                 if unblocked_at is None or now - unblocked_at > 0.5:
                     self._interrupt()
+                    if unblocked_at is None and not stalled:  # the step the apply had reached when it was told
+                        log.info("stop noticed at step %d; ending the block at the next step boundary", self._open_step() or 0)
                     unblocked_at = now
         return stalled
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cluster.policy import restart_budget
 from cluster.task import TaskId
 
 
@@ -41,12 +42,16 @@ class Registry:
     heartbeat_timeout: float
     total_steps: int = 0
     clock: Callable[[], float] = time.monotonic
+    max_restarts: int = 0  # the restart budget, per task and window (cluster/policy.py `restart_budget`)
+    restart_window: float = 600.0
+    wall: Callable[[], float] = time.time  # the clock of restart times
     tasks: dict[TaskId, TaskRecord] = field(default_factory=dict)
     state: str = "waiting"
     stopping: bool = False  # the chief is asked to checkpoint and stop
     shutting_down: bool = False  # every task is asked to exit (after the chief is done)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last_step: tuple[float, int] | None = None
+    _restarts: dict[TaskId, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.expected = {TaskId(*k): address for k, address in self.expected.items()}
@@ -127,6 +132,15 @@ class Registry:
         with self._lock:
             self.tasks.pop(key, None)
 
+    def note_restarts(self, key: TaskId, times: tuple[float, ...]) -> None:
+        """When the launcher restarted a task (wall clock): its restart budget in `status`."""
+        with self._lock:
+            self._restarts[TaskId(*key)] = tuple(times)
+
+    def _budget_row(self, key: TaskId) -> dict:
+        budget = restart_budget(self._restarts.get(key, ()), self.wall(), self.max_restarts, self.restart_window)
+        return {"restarts": budget.used, "restarts_reset_at": budget.resets_at or 0.0}
+
     def missing(self) -> list[tuple[TaskId, str]]:
         """(task, expected address) of every task that has not registered."""
         with self._lock:
@@ -140,7 +154,7 @@ class Registry:
             rows = []
             for key in sorted(self.expected, key=TaskId.sort_key):
                 record = self.tasks.get(key)
-                row = {"task": key.name, "address": self.expected[key]}
+                row = {"task": key.name, "address": self.expected[key], **self._budget_row(key)}
                 if record is None:
                     row.update(state="missing", heartbeat_age_s=-1.0)
                 else:
@@ -165,5 +179,7 @@ class Registry:
                 "state": self.state,
                 "step": chief.step if chief else 0,
                 "total_steps": self.total_steps,
+                "max_restarts": self.max_restarts,
+                "restart_window_s": self.restart_window,
                 "tasks": rows,
             }

@@ -73,7 +73,10 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
         return reply
 
     def Stop(self, request, context):
-        self.on_stop(request.reason or "pstrain stop")
+        reason = request.reason or "pstrain stop"
+        if " from " not in reason:  # an older client: name where the call came from
+            reason += f" from {peer_host(context.peer())}"
+        self.on_stop(reason)
         return pb.StopReply(accepted=True)
 
     def Assignment(self, request, context):
@@ -85,8 +88,20 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
         )
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ("ipv4:127.0.0.1:5432", "ipv6:[::1]:5432"). Pure."""
+    address = peer.partition(":")[2] or peer
+    return address.rpartition(":")[0].strip("[]") or address
+
+
 def status_message(status: dict) -> pb.StatusReply:
-    reply = pb.StatusReply(state=status["state"], step=status["step"], total_steps=status["total_steps"])
+    reply = pb.StatusReply(
+        state=status["state"],
+        step=status["step"],
+        total_steps=status["total_steps"],
+        max_restarts=status.get("max_restarts", 0),
+        restart_window_s=status.get("restart_window_s", 0.0),
+    )
     for row in status["tasks"]:
         task_type, _, index = row["task"].partition(":")
         reply.tasks.append(
@@ -108,6 +123,8 @@ def status_message(status: dict) -> pb.StatusReply:
                 ),
                 devices=row.get("devices", []),
                 versions=pb.Versions(**row.get("versions", {})),
+                restarts=row.get("restarts", 0),
+                restarts_reset_at=row.get("restarts_reset_at", 0.0),
             )
         )
     return reply
@@ -122,6 +139,8 @@ def status_dict(reply: pb.StatusReply) -> dict:
             "state": t.state,
             "address": t.address,
             "heartbeat_age_s": t.heartbeat_age_s,
+            "restarts": t.restarts,
+            "restarts_reset_at": t.restarts_reset_at,
         }
         if t.state != "missing":
             row.update(
@@ -138,7 +157,14 @@ def status_dict(reply: pb.StatusReply) -> dict:
                 versions={"pstrain": t.versions.pstrain, "tensorflow": t.versions.tensorflow, "python": t.versions.python},
             )
         tasks.append(row)
-    return {"state": reply.state, "step": reply.step, "total_steps": reply.total_steps, "tasks": tasks}
+    return {
+        "state": reply.state,
+        "step": reply.step,
+        "total_steps": reply.total_steps,
+        "max_restarts": reply.max_restarts,
+        "restart_window_s": reply.restart_window_s,
+        "tasks": tasks,
+    }
 
 
 def serve(servicer: ControlPlane, bind: str, creds: Credentials) -> tuple[grpc.Server, int]:

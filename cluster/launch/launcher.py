@@ -19,7 +19,6 @@ from cluster.errors import (
     EXIT_FAILURE,
     EXIT_RESTARTABLE,
     ConfigError,
-    DiskFullError,
     PstrainError,
     report,
     returncode_exit_code,
@@ -30,10 +29,23 @@ from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.plan import TaskPlan, cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
-from cluster.policy import EndRun, Finish, GiveUp, Kill, chief_decision, restart_decision, silent_task_decision
+from cluster.policy import (
+    EndRun,
+    Finish,
+    GiveUp,
+    Kill,
+    RestartBudget,
+    budget_phrase,
+    chief_decision,
+    restart_budget,
+    restart_decision,
+    silent_task_decision,
+)
+from cluster.preflight import check_writable
 from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
+from cluster.stop_report import stop_outcome
 from cluster.task import TaskId
 from cluster.taskenv import TaskEnv, token_in_env
 from cluster.versions import local_versions
@@ -110,6 +122,7 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
+    check_writable(Path(train.run_dir))  # before any task starts
     with RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
         return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind)
 
@@ -132,7 +145,14 @@ def launch_locked(
         lock.set_control(cluster.control)
         hint = token_hint(cluster, run_dir, creds)
     supervisor = supervisor or Supervisor(rundir.RunDir(run_dir).logs)
-    registry = Registry(expected_tasks(cluster), local_versions(), cluster.heartbeat_timeout, total_steps=train.steps)
+    registry = Registry(
+        expected_tasks(cluster),
+        local_versions(),
+        cluster.heartbeat_timeout,
+        total_steps=train.steps,
+        max_restarts=cluster.max_restarts,
+        restart_window=cluster.restart_window,
+    )
     server = None
     with StopTrap() as stop:
         try:
@@ -153,7 +173,7 @@ def launch_locked(
             try:
                 failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
                 if stop.requested:
-                    return stop.exit_code
+                    return say_stopped(stop, latest_checkpoint_step(run_dir), "start-up")
                 if failure:
                     raise PstrainError(failure)
                 ready.touch()
@@ -168,13 +188,20 @@ def launch_locked(
                 server.stop(grace=1)
 
 
+def say_stopped(stop: StopTrap, checkpoint: int | None, how: str) -> int:
+    """The console line of a stopped run (cluster/stop_report.py); returns its exit code."""
+    outcome = stop_outcome(stop.cause, stop.commanded, stop.exit_code, checkpoint, how)
+    print(outcome.line, flush=True)
+    return outcome.exit_code
+
+
 def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap, bind: str = ""):
     """Serve pstrain's control plane; `pstrain stop` makes the chief checkpoint, then everything exits."""
 
     def on_stop(reason: str) -> None:
-        say(f"stopping: {reason}", error=True)
+        say(f"stopping: {reason} asked the chief to checkpoint at the next step")
         registry.request_stop()
-        stop.request(signal.SIGTERM)
+        stop.request(signal.SIGTERM, cause=reason)
 
     servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
     try:
@@ -245,9 +272,10 @@ class Supervision:
         self.startup_timeout, self.stop = startup_timeout, stop
         self.run_dir = run_dir or supervisor.log_dir.parent
         self.failure = ""  # why the run must end (a task lost for good); the chief is asked to checkpoint
-        self.disk_full = False  # the failure is a task log that a full disk refused
+        self.disk_full = False  # the failure is a task log that could not be written (full disk, no permission)
         self.killed: set[TaskId] = set()  # hung local tasks killed, not yet restarted
         self.lost_ps: list[str] = []  # ps tasks restarted since the chief last started: why it exits 75
+        self.chief_started_at = latest_checkpoint_step(self.run_dir)  # the checkpoint the chief resumes from
 
     def run(self, chief: Child) -> int:
         while True:
@@ -258,9 +286,11 @@ class Supervision:
                 elif code != EXIT_FAILURE:  # else the chief, failing to write too, has said so itself
                     say(self.failure, error=True)
                 return EXIT_FAILURE
-            decision = chief_decision(
-                code, chief.restarts, self.cluster.max_restarts, self.stop.exit_code if self.stop.requested else None
-            )
+            budget = self._budget(chief)
+            stop_code = self.stop.exit_code if self.stop.requested else None
+            decision = chief_decision(code, budget.used, self.cluster.max_restarts, stop_code)
+            if isinstance(decision, Finish) and self.stop.requested and code != 0:
+                return say_stopped(self.stop, latest_checkpoint_step(self.run_dir), self._how_stopped(chief.process.returncode))
             if isinstance(decision, Finish):
                 if decision.exit_code == EXIT_RESTARTABLE:
                     say(f"{self._lost_names()} stayed unreachable; {self._resume_hint()}", error=True)
@@ -276,11 +306,12 @@ class Supervision:
             if failure:
                 say(failure, error=True)
                 return EXIT_FAILURE
-            budget = f"{chief.restarts + 1} of {self.cluster.max_restarts}"
-            say(f"lost {self._lost_names()}; restarting the chief to resume from {self._resume_point()} ({budget})", warning=True)
+            count = f"{budget.used + 1} of {self.cluster.max_restarts}"
+            say(f"lost {self._lost_names()}; restarting the chief to resume from {self._resume_point()} ({count})", warning=True)
             self.lost_ps = []
             self.registry.forget(chief.task)
-            chief = self.supervisor.restart(chief)
+            self.chief_started_at = latest_checkpoint_step(self.run_dir)
+            chief = self._restarted(chief)
 
     def _lost_names(self) -> str:
         return ", ".join(dict.fromkeys(self.lost_ps)) or "a cluster task"
@@ -304,6 +335,20 @@ class Supervision:
         )
         return f"the chief could not checkpoint ({how}); {self._resume_hint()}"
 
+    def _how_stopped(self, returncode: int) -> str:
+        """How the chief ended after a stop (Popen's `returncode`), for `stop_outcome`: "saved" when its stop
+        path wrote a newer checkpoint, "start-up" when it had trained nothing yet (no newer checkpoint, and
+        it exited through its stop path or was ended by the signal itself), else what went wrong."""
+        signum = self.stop.signum or signal.SIGTERM
+        newer = latest_checkpoint_step(self.run_dir) != self.chief_started_at
+        if returncode == signal_exit_code(signum):
+            return "saved" if newer else "start-up"
+        if returncode == -signum and not newer:
+            return "start-up"
+        if returncode == -signal.SIGKILL:
+            return f"killed after {CHIEF_STOP_GRACE_S:g}s"
+        return f"exit {returncode_exit_code(returncode)}"
+
     def _servers(self) -> list[Child]:
         return [c for c in self.supervisor.children if not c.task.is_chief]
 
@@ -319,7 +364,9 @@ class Supervision:
                 self._restart_dead_servers()
                 self._check_silent()
                 self._check_logs()
-            time.sleep(0.1)
+                self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
+            else:
+                time.sleep(0.1)
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
 
@@ -335,24 +382,43 @@ class Supervision:
                 if hung
                 else f"{child.task.log_name} exited ({returncode_exit_code(code)})"
             )
-            decision = restart_decision(child.restarts, self.cluster.max_restarts)
+            budget = self._budget(child)
+            decision = restart_decision(budget.used, self.cluster.max_restarts)
             if isinstance(decision, GiveUp):
-                self.failure = self.failure or f"{what} {decision.reason} (see {child.log_path})"
+                why = f"{decision.reason} ({budget_phrase(budget)})"
+                self.failure = self.failure or f"{what} {why} (see {child.log_path})"
                 continue
             if child.task.type == "ps":
                 self.lost_ps.append(child.task.log_name)
-            budget = f"{child.restarts + 1} of {self.cluster.max_restarts}"
-            say(f"{what}; restarting ({budget}) in {decision.delay_s:g}s; its log: {child.log_path}", warning=True)
+            count = f"{budget.used + 1} of {self.cluster.max_restarts}"
+            after = self._budget(child, restarting=True)
+            say(
+                f"{what}; restarting ({count}) in {decision.delay_s:g}s; its log: {child.log_path}; {budget_phrase(after)}",
+                warning=True,
+            )
             self.registry.forget(child.task)
             if self.stop.wait(decision.delay_s):  # a stop during the back-off: no restart, forward it at once
                 return
-            self.supervisor.restart(child)
+            self._restarted(child)
+
+    def _budget(self, child: Child, restarting: bool = False) -> RestartBudget:
+        """`child`'s restarts that still count (with one now, when `restarting`)."""
+        now = time.time()
+        times = (*child.restart_times, now) if restarting else child.restart_times
+        return restart_budget(times, now, self.cluster.max_restarts, self.cluster.restart_window)
+
+    def _restarted(self, child: Child) -> Child:
+        """Restart `child`; `pstrain status` shows its restart count and when it resets."""
+        new = self.supervisor.restart(child)
+        self.registry.note_restarts(new.task, new.restart_times)
+        return new
 
     def _check_logs(self) -> None:
-        """A task log that a full disk refused ends the run: the chief is asked to checkpoint and stop."""
-        full = next((c for c in self.supervisor.children if c.log_full), None)
-        if full is not None and not self.failure:
-            self.failure, self.disk_full = str(DiskFullError(full.log_path)), True
+        """A task log that could not be written (no space, no permission) ends the run: the chief is asked
+        to checkpoint and stop."""
+        failed = next((c.log_error for c in self.supervisor.children if c.log_error), None)
+        if failed is not None and not self.failure:
+            self.failure, self.disk_full = str(failed), True
 
     def _check_silent(self) -> None:
         """A task silent past the heartbeat timeout: a hung local one is killed (then restarted like a dead

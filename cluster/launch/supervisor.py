@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cluster.errors import disk_full_path
+from cluster.errors import WriteError, write_error
 from cluster.launch.console import ConsoleFilter
 from cluster.plan import TaskPlan
 from cluster.task import TaskId
@@ -30,7 +30,8 @@ class Child:
     echo: BinaryIO | None = None
     pump: threading.Thread | None = None
     restarts: int = 0
-    log_full: bool = False  # its log could not be written for want of space (set by the pump)
+    restart_times: tuple[float, ...] = ()  # when it was restarted (seconds since the epoch): the restart budget
+    log_error: WriteError | None = None  # why its log could not be written (no space, no permission; set by the pump)
 
     @property
     def task(self) -> TaskId:
@@ -71,6 +72,7 @@ class Supervisor:
         self.children.remove(child)
         new = self.start(child.plan, child.argv, child.echo, child.extra_env)
         new.restarts = child.restarts + 1
+        new.restart_times = (*child.restart_times, time.time())
         return new
 
     @staticmethod
@@ -100,7 +102,7 @@ class Supervisor:
 def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO, child: Child) -> None:
     """Copy a child's output to its log byte for byte, and pstrain's lines of it (progress bars keep
     their \\r) to the console; TensorFlow's own output stays in the log (cluster/launch/console.py).
-    A log that cannot be written is given up (`child.log_full` set when the disk is full); the console
+    A log that cannot be written is given up (`child.log_error` set when the operator can fix it); the console
     still gets every line."""
     console = ConsoleFilter()
     log: BinaryIO | None = log_file
@@ -110,7 +112,7 @@ def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO, child: Child) ->
                 log.write(chunk)
                 log.flush()
             except OSError as e:
-                child.log_full, log = disk_full_path(e) is not None, None
+                child.log_error, log = write_error(e, child.log_path), None
         shown = console.feed(chunk)
         try:
             if shown:

@@ -20,6 +20,7 @@ def pod_config_toml(config: Config, run_dir: str) -> str:
         "heartbeat_interval": c.heartbeat_interval,
         "heartbeat_timeout": c.heartbeat_timeout,
         "max_restarts": c.max_restarts,
+        "restart_window": c.restart_window,
     }
     train = {
         "job": t.job,

@@ -96,7 +96,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TaskStatus(_message.Message):
-    __slots__ = ("task", "state", "host", "address", "pid", "heartbeat_age_s", "step", "steps_per_s", "gradients", "resources", "devices", "hostname", "versions")
+    __slots__ = ("task", "state", "host", "address", "pid", "heartbeat_age_s", "step", "steps_per_s", "gradients", "resources", "devices", "hostname", "versions", "restarts", "restarts_reset_at")
     TASK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,8 @@ class TaskStatus(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_RESET_AT_FIELD_NUMBER: _ClassVar[int]
     task: TaskId
     state: str
     host: str
@@ -123,21 +125,27 @@ class TaskStatus(_message.Message):
     devices: _containers.RepeatedScalarFieldContainer[str]
     hostname: str
     versions: Versions
-    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., state: _Optional[str] = ..., host: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., gradients: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ...) -> None: ...
+    restarts: int
+    restarts_reset_at: float
+    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., state: _Optional[str] = ..., host: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., gradients: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., restarts: _Optional[int] = ..., restarts_reset_at: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("state", "step", "total_steps", "tasks", "time")
+    __slots__ = ("state", "step", "total_steps", "tasks", "time", "max_restarts", "restart_window_s")
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     state: str
     step: int
     total_steps: int
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
     time: float
-    def __init__(self, state: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., time: _Optional[float] = ...) -> None: ...
+    max_restarts: int
+    restart_window_s: float
+    def __init__(self, state: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., time: _Optional[float] = ..., max_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("reason",)
