@@ -180,8 +180,8 @@ def test_pstrain_stop_checkpoints_and_stops_every_task(tmp_path, ray_head):
 
     result = run_pstrain(ray_args(run_dir, address), timeout=240, signal_when=stop_once_training, send=None, env=RAY_ENV)
     assert stopped and stopped[0].returncode == 0, stopped and stopped[0].stderr
-    assert result.returncode == 128 + signal.SIGTERM, result.output
-    assert "stopped with a checkpoint" in result.output or "checkpoint saved" in result.output, result.output
+    assert result.returncode == 0, result.output  # a commanded stop that checkpointed (docs/faults.md)
+    assert "stopped by pstrain stop from" in result.output and "checkpoint" in result.output, result.output
     assert 30 <= len(metrics(run_dir)[0]) < STEPS
     assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
     assert_no_orphans(result)
