@@ -189,7 +189,6 @@ _WRITE_PROBLEMS = (
     ),
 )
 _GONE = _WRITE_PROBLEMS[-1]
-_FULL_PATH = re.compile(r"(/[^\s;]+); (?:No space left on device|Disk quota exceeded)")
 
 
 def write_error(error: BaseException, path: object, gone: bool = True) -> WriteError | None:
@@ -207,22 +206,6 @@ def write_error(error: BaseException, path: object, gone: bool = True) -> WriteE
                 return DiskFullError(path)
             return WriteError(path, what, fix)
     return None
-
-
-def disk_full_path(error: BaseException, default: object = "") -> str | None:
-    """Where a write failed for want of space (`default` when the error does not say), or None when
-    `error` is something else: an OSError ENOSPC/EDQUOT, or TensorFlow's "PATH; No space left on device"."""
-    if isinstance(error, DiskFullError):
-        return error.path
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return str(error.filename or default)
-    text = str(getattr(error, "message", None) or error)
-    if not any(marker in text for marker in _WRITE_PROBLEMS[0][1]):
-        return None
-    if default:
-        return str(default)
-    found = _FULL_PATH.search(text)
-    return found.group(1) if found else ""
 
 
 @contextmanager

@@ -30,7 +30,7 @@ from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
 pytestmark = pytest.mark.cluster
 
-STEPS = 120
+STEPS = 300  # long enough that a `pstrain stop` (a process of its own) lands before the end
 RAY = str(Path(sys.executable).parent / "ray")
 # Ray's one-machine mode (loopback only), and a token of the test's own for Ray's token authentication
 RAY_ENV = {

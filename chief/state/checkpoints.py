@@ -26,7 +26,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.state.model_state import ModelState, finalize_layers, variables_of
-from cluster.errors import PstrainError, TrainingError, writing
+from cluster.errors import TrainingError, writing
 
 MAX_TO_KEEP = 3  # a damaged newest checkpoint still leaves at least two good ones to resume from
 DAMAGED = "damaged"  # subdirectory where damaged checkpoints are moved, for inspection
@@ -191,15 +191,11 @@ class Checkpoints:
         the one the run started with: one whose file system was unmounted under the run would otherwise be
         made again, silently, on the file system below."""
         prefix = self.directory / f"ckpt-{step}"
-        self.directory.mkdir(parents=True, exist_ok=True)
         try:
-            with writing(prefix):
-                same_directory(self.directory, self._identity)
+            with writing(prefix):  # no space, no permission (a ps's too), read-only or gone: one line with the fix
+                same_directory(self.directory, self._identity)  # before mkdir, which would make it anew on the mount point
+                self.directory.mkdir(parents=True, exist_ok=True)
                 self._write(prefix)
-        except tf.errors.PermissionDeniedError as e:
-            remove_partial_saves(self.directory)
-            fix = "let every ps and the chief write it"
-            raise PstrainError(f"no permission to write checkpoint {prefix} ({short_reason(e)}); {fix}") from None
         except BaseException:
             remove_partial_saves(self.directory)
             raise

@@ -123,8 +123,9 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
     check_writable(Path(train.run_dir))  # before any task starts
-    with RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
-        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind)
+    # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
+    with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
+        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop)
 
 
 def launch_locked(
@@ -135,10 +136,11 @@ def launch_locked(
     local: frozenset[str],
     local_tasks,
     control_bind: str,
+    stop: StopTrap,
     supervisor: Supervisor | None = None,
 ) -> int:
-    """`launch` once the run dir is locked; `supervisor` starts the tasks (default: processes here;
-    the Ray engine's starts them in Ray actors on the nodes Ray chose)."""
+    """`launch` once the run dir is locked, under the caller's `stop` trap; `supervisor` starts the
+    tasks (default: processes here; the Ray engine's starts them in Ray actors on the nodes Ray chose)."""
     train, run_dir = config.train, lock.run_dir
     with writing(run_dir):
         rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
@@ -154,38 +156,37 @@ def launch_locked(
         restart_window=cluster.restart_window,
     )
     server = None
-    with StopTrap() as stop:
+    try:
+        server = serve_control_plane(cluster, registry, creds, stop, control_bind)
+        say(
+            f"control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
+            + (f" --token-file {hint}" if hint else "")
+        )
+        env = control_env(replace(config, cluster=cluster), creds)
+        servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
+        # The chief starts with the servers: it imports TensorFlow and loads the job while they
+        # start, and connects once the ready file says every one of them registered.
+        ready = rundir.RunDir(run_dir).logs / f"cluster-ready-{os.getpid()}"
+        ready.unlink(missing_ok=True)
+        chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
+        chief_argv = python_module("chief", "--run-dir", str(run_dir))
+        chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
         try:
-            server = serve_control_plane(cluster, registry, creds, stop, control_bind)
-            say(
-                f"control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
-                + (f" --token-file {hint}" if hint else "")
-            )
-            env = control_env(replace(config, cluster=cluster), creds)
-            servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
-            # The chief starts with the servers: it imports TensorFlow and loads the job while they
-            # start, and connects once the ready file says every one of them registered.
-            ready = rundir.RunDir(run_dir).logs / f"cluster-ready-{os.getpid()}"
-            ready.unlink(missing_ok=True)
-            chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
-            chief_argv = python_module("chief", "--run-dir", str(run_dir))
-            chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
-            try:
-                failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
-                if stop.requested:
-                    return say_stopped(stop, latest_checkpoint_step(run_dir), "start-up")
-                if failure:
-                    raise PstrainError(failure)
-                ready.touch()
-                return Supervision(supervisor, registry, cluster, train.startup_timeout, stop, run_dir).run(chief)
-            finally:
-                ready.unlink(missing_ok=True)
+            failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
+            if stop.requested:
+                return say_stopped(stop, latest_checkpoint_step(run_dir), "start-up")
+            if failure:
+                raise PstrainError(failure)
+            ready.touch()
+            return Supervision(supervisor, registry, cluster, train.startup_timeout, stop, run_dir).run(chief)
         finally:
-            registry.shutdown()
-            supervisor.stop_all()
-            if server is not None:
-                linger_for_remote_nodes(registry, cluster, local)
-                server.stop(grace=1)
+            ready.unlink(missing_ok=True)
+    finally:
+        registry.shutdown()
+        supervisor.stop_all()
+        if server is not None:
+            linger_for_remote_nodes(registry, cluster, local)
+            server.stop(grace=1)
 
 
 def say_stopped(stop: StopTrap, checkpoint: int | None, how: str) -> int:

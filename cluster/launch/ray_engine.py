@@ -22,7 +22,7 @@ from cluster import rundir
 from cluster.config import ClusterConfig, Config, ConfigError, format_address, with_train
 from cluster.errors import PstrainError
 from cluster.launch.hosts import local_addresses
-from cluster.launch.launcher import credentials, launch_locked, say
+from cluster.launch.launcher import credentials, launch_locked, say, say_stopped
 from cluster.launch.ports import free_port
 from cluster.launch.ray_host import TaskHost
 from cluster.launch.ray_plan import (
@@ -37,6 +37,7 @@ from cluster.launch.ray_plan import (
     unshared_nodes,
 )
 from cluster.launch.ray_supervisor import NodeLost, RaySupervisor
+from cluster.preflight import check_writable
 from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
@@ -157,6 +158,7 @@ def launch_ray(config: Config) -> int:
     cluster = config.cluster
     check_counts_only(cluster)
     config = with_train(config, run_dir=str(Path(config.train.run_dir).resolve()))  # the same path on every node
+    check_writable(Path(config.train.run_dir))  # before Ray places anything, as `launch` checks
     ray = import_ray(cluster.ray_address)
     tasks = tasks_of(cluster)
     with StopTrap() as stop:
@@ -176,7 +178,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
     plan = reservation(cluster, worker_gpus=gpus)
     group = reserve(ray, plan, train.startup_timeout, stop)
     if group is None:
-        return stop.exit_code
+        return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
     logs = rundir.RunDir(lock.run_dir).logs
     logs.mkdir(parents=True, exist_ok=True)
     creds = credentials(cluster, generate=True)
@@ -188,7 +190,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
             try:
                 placed = place(ray, hosts, lock.run_dir, train.startup_timeout, stop)
                 if placed is None:
-                    return stop.exit_code
+                    return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
                 here = ray.util.get_node_ip_address()
                 control = format_address(here, free_port(here))
                 ran = placed_cluster(cluster, placed, control)
@@ -196,7 +198,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
                 local_tasks = {(t.type, t.index) for t in tasks_of(ran) if not t.is_chief}
                 supervisor = RaySupervisor(ray, logs, hosts)
                 return launch_locked(
-                    replace(config, cluster=ran), ran, creds, lock, local_addresses(), local_tasks, control, supervisor
+                    replace(config, cluster=ran), ran, creds, lock, local_addresses(), local_tasks, control, stop, supervisor
                 )
             except NodeLost as lost:
                 if placement == cluster.max_restarts or stop.requested:
