@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from chief.job_compiled import job_parts
-from chief.step.class_weights import checked_class_weight
 from cluster.errors import JobError
 
 TRAIN_SOURCES = ("train_dataset", "train_arrays", "train_data")  # exactly one; see chief/data/train_source.py
@@ -85,3 +84,22 @@ def job_file(spec: str) -> str:
     import sys
 
     return getattr(sys.modules.get(spec.partition(":")[0]), "__file__", None) or ""
+
+
+def checked_class_weight(spec: str, value: Any) -> dict[int, float] | None:
+    """The job's `class_weight` as Keras requires it (None: none); a JobError in one line otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise JobError(f"--job {spec}: class_weight must be a dict {{label: weight}} (as fit's class_weight), found {value!r}")
+    try:
+        keys = sorted(int(k) for k in value if int(k) == k)
+        weights = {int(k): float(w) for k, w in value.items()}
+    except (TypeError, ValueError):
+        raise JobError(f"--job {spec}: class_weight must map integer labels to numbers, found {value!r}") from None
+    if keys != list(range(len(value))):
+        raise JobError(
+            f"--job {spec}: class_weight needs the labels 0 to {len(value) - 1} as keys (as fit's class_weight), "
+            f"found {sorted(value)}"
+        )
+    return weights

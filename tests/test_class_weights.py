@@ -10,8 +10,8 @@ import tf_keras
 from tf_keras.src.engine.data_adapter import _make_class_weight_map_fn
 
 from chief.data.arrays import rows
-from chief.job import Job, JobError, load_job
-from chief.step.class_weights import checked_class_weight, class_weighted
+from chief.job import Job, JobError, checked_class_weight, load_job
+from chief.step.class_weights import class_weighted
 from chief.step.replica import Replica, replica_step
 
 CLASS_WEIGHT = {0: 0.5, 1: 2.0, 2: 1.25}

@@ -3,7 +3,8 @@
 Keras turns the class weights into per-example weights on each training batch
 (`tf_keras/src/engine/data_adapter.py` `_make_class_weight_map_fn`): the weight of each example's
 class (its label, rounded; the argmax of a one-hot label), multiplied into the example's sample
-weight where there is one. Only for a model with one output; keys must be 0 .. n-1. Evaluation is
+weight where there is one. Only for a model with one output; keys must be 0 .. n-1 (checked at
+load: chief/job.py `checked_class_weight`). Evaluation is
 not weighted by class (as `evaluate` takes no class_weight). The same ops run in both engines on each
 slot's batch, so the cluster run equals the standalone one.
 """
@@ -15,25 +16,6 @@ from typing import Any
 import tensorflow as tf
 
 from cluster.errors import JobError
-
-
-def checked_class_weight(spec: str, value: Any) -> dict[int, float] | None:
-    """The job's `class_weight` as Keras requires it (None: none); a JobError in one line otherwise."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not value:
-        raise JobError(f"--job {spec}: class_weight must be a dict {{label: weight}} (as fit's class_weight), found {value!r}")
-    try:
-        keys = sorted(int(k) for k in value if int(k) == k)
-        weights = {int(k): float(w) for k, w in value.items()}
-    except (TypeError, ValueError):
-        raise JobError(f"--job {spec}: class_weight must map integer labels to numbers, found {value!r}") from None
-    if keys != list(range(len(value))):
-        raise JobError(
-            f"--job {spec}: class_weight needs the labels 0 to {len(value) - 1} as keys (as fit's class_weight), "
-            f"found {sorted(value)}"
-        )
-    return weights
 
 
 def class_weighted(class_weight: dict[int, float], labels: Any, sample_weight: Any) -> tf.Tensor:
