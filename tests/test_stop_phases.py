@@ -60,7 +60,8 @@ def test_a_sigterm_during_a_checkpoint_write_stops_after_it(tmp_path):
     assert saving <= stopped_at <= saving + 1, f"SIGTERM during checkpoint {saving}'s write, stopped after step {stopped_at}"
     assert noticed_steps(run_dir) and noticed_steps(run_dir)[0] <= saving + 1, (run_dir / "logs" / "chief-0.log").read_text()
     line = f"pstrain: stopped by SIGTERM after step {stopped_at}; checkpoint saved"
-    assert line in first.output and "error" not in first.output, first.output
+    said = [line for line in first.output.splitlines() if line.startswith("pstrain:")]
+    assert line in first.output and not any("error" in line for line in said), first.output
     assert not list(checkpoints.glob("*_temp*")), "no half-written checkpoint is left"
     assert f'model_checkpoint_path: "ckpt-{stopped_at}"' in (checkpoints / "checkpoint").read_text()
     assert_no_orphans(first, within_s=10)
@@ -92,7 +93,8 @@ def test_a_stop_during_the_first_block_ends_the_run_after_step_one(tmp_path, sto
     assert stopped_at <= noticed[0] + 1, f"noticed at step {noticed[0]}, stopped after step {stopped_at}"
     cause = "SIGTERM" if stop == signal.SIGTERM else "pstrain stop from "
     assert f"pstrain: stopped by {cause}" in first.output, first.output
-    assert first.output.count("pstrain: stopped by") == 1 and "error" not in first.output, first.output
+    said = [line for line in first.output.splitlines() if line.startswith("pstrain:")]  # not TF's own start-up noise
+    assert first.output.count("pstrain: stopped by") == 1 and not any("error" in line for line in said), first.output
     if stopped_at:
         assert f" after step {stopped_at}; checkpoint saved" in first.output, first.output
     if stop == "pstrain stop":
