@@ -340,9 +340,12 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -
     step, step_seconds = run.first_step, None
     while step < train.steps:
         if stop.requested:  # before each block: a stop never waits for one to run
+            log.info("stop noticed at step %d, between blocks", step)
             return run.stop_with_checkpoint(step, stop, standalone)
         t0 = time.monotonic()
         count = block_length(step, train, run.first_step, step_seconds)
+        if step == run.first_step:
+            log.info("first block starting at step %d (%d steps)", step, count)
         results = run.engine.run(step, count, interrupted=lambda: stop.requested)
         seconds = time.monotonic() - t0
         run.record(step, results, seconds)

@@ -65,9 +65,10 @@ def run_pstrain(
     signal_when=None,
     send: int | None = signal.SIGINT,  # None: signal_when acts by itself
     env: dict | None = None,
+    poll_s: float = 0.1,
 ) -> Result:
     """Run `pstrain ARGS`, recording every descendant pid; optionally send a signal when
-    `signal_when()` turns true. Kills what remains on timeout (and fails)."""
+    `signal_when()` turns true (asked every `poll_s`). Kills what remains on timeout (and fails)."""
     global current_launcher
     process = subprocess.Popen(
         PSTRAIN + args,
@@ -88,7 +89,7 @@ def run_pstrain(
             if send:
                 process.send_signal(send)
             signalled = True
-        time.sleep(0.1)
+        time.sleep(poll_s)
     if process.poll() is None:
         for p in alive(seen | {process.pid}):
             p.kill()

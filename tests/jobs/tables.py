@@ -1,5 +1,6 @@
 """Jobs with one embedding table and plain SGD (no optimizer slots), for the chief's memory test:
-`big` 2,000,000 x 64 float32 (488 MiB), `tiny` 1,000 x 64. Both read ids below 1,000, so they differ
+`big` 2,000,000 x 64 float32 (488 MiB), `tiny` 1,000 x 64, `mid` 200,000 x 64 (the stop
+during a checkpoint write). Both read ids below 1,000, so they differ
 only in the table's size."""
 
 from __future__ import annotations
@@ -44,3 +45,4 @@ class Table:
 
 big = Table(2_000_000)
 tiny = Table(1_000)
+mid = Table(200_000)  # 49 MiB: a checkpoint write long enough to be caught in progress
