@@ -1,7 +1,7 @@
 """Jobs with one embedding table and plain SGD (no optimizer slots), for the chief's memory tests:
 `large` 4,000,000 x 64 float32 (977 MiB, more than the chief's memory limit in its test), `big`
-2,000,000 x 64 (488 MiB), `tiny` 1,000 x 64, `mid` 200,000 x 64 (the stop during a checkpoint write).
-All read ids below 1,000, so they differ only in the table's size."""
+2,000,000 x 64 (488 MiB), `tiny` 1,000 x 64. All read ids below 1,000, so they differ only in the
+table's size."""
 
 from __future__ import annotations
 
@@ -46,4 +46,3 @@ class Table:
 large = Table(4_000_000)
 big = Table(2_000_000)
 tiny = Table(1_000)
-mid = Table(200_000)  # 49 MiB: a checkpoint write long enough to be caught in progress
