@@ -178,7 +178,8 @@ def test_rendered_sbatch_script(tmp_path):
         "#SBATCH --time=02:00:00",
         "#SBATCH --signal=B:TERM@120",
         f"{SRUN} pstrain node --slurm --config {config} --port-base 2222 &",
-        """trap 'pstrain stop --chief "$first_node:2223" || true' TERM""",
+        """trap 'stopped=143; pstrain stop --chief "$first_node:2223" || true' TERM""",
+        'exit "${stopped:-0}"',
     ):
         assert line in script.splitlines(), line
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0, "the script parses"

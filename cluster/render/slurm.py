@@ -74,11 +74,13 @@ set -euo pipefail
 # One token for the job's control plane; srun passes the environment to every node.
 export PSTRAIN_TOKEN="${{PSTRAIN_TOKEN:-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')}}"
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# Slurm signals this shell before the time limit: the chief checkpoints and stops every node.
-trap 'pstrain stop --chief "$first_node:{options.port_base + 1}" || true' TERM
+# Slurm signals this shell before the time limit: the chief checkpoints and stops every node. The job
+# then exits 143 (SIGTERM's 128+N), not 0: it stopped at the time limit, it did not finish.
+trap 'stopped=143; pstrain stop --chief "$first_node:{options.port_base + 1}" || true' TERM
 {SRUN} pstrain node --slurm --config {config_arg} --port-base {options.port_base} &
 step=$!
 wait "$step" || true  # returns early when the trap ran
 wait "$step"
+exit "${{stopped:-0}}"
 """
     return "\n".join(header) + "\n" + body
