@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 
 from cluster.errors import PstrainError
 from cluster.launch.console import ConsoleFilter
-from cluster.launch.supervisor import Child, Supervisor
+from cluster.launch.supervisor import Child, Supervisor, echo_console
 from cluster.plan import TaskPlan
 from cluster.task import TaskId
 
@@ -110,13 +110,7 @@ def follow(log_path: Path, offset: int, echo: BinaryIO, process: RemoteProcess) 
             ended = process.returncode is not None
             chunk = source.read(65536)
             if chunk:
-                shown = console.feed(chunk)
-                try:
-                    if shown:
-                        echo.write(shown)
-                        echo.flush()
-                except (OSError, ValueError):
-                    pass
+                echo_console(console, echo, chunk)
             elif ended:
                 return
             else:

@@ -113,16 +113,22 @@ def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO, child: Child) ->
                 log.flush()
             except OSError as e:
                 child.log_error, log = write_error(e, child.log_path), None
-        shown = console.feed(chunk)
-        try:
-            if shown:
-                echo.write(shown)
-                echo.flush()
-        except (OSError, ValueError):
-            pass
+        echo_console(console, echo, chunk)
     with contextlib.suppress(OSError):  # closing flushes what a full disk refused
         log_file.close()
 
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def echo_console(console, echo, chunk: bytes) -> None:
+    """Write to `echo` what `console` lets through of `chunk` (pstrain's own lines); a console that is
+    gone (closed, a broken pipe) is not an error of the run."""
+    shown = console.feed(chunk)
+    try:
+        if shown:
+            echo.write(shown)
+            echo.flush()
+    except (OSError, ValueError):
+        pass
