@@ -248,7 +248,11 @@ def test_a_disk_that_refuses_writes_stops_with_one_line_and_the_last_checkpoint_
     if how == "gone":
         return  # nothing left to read
     subprocess.run(["chattr", "-i", str(run_dir / "checkpoints")], capture_output=True)  # (a read-only mount refuses)
-    assert not [p for p in run_dir.rglob("*") if "_temp" in p.name or p.name.endswith(".tmp")], "no half-written files"
+    half = [p for p in run_dir.rglob("*") if "_temp" in p.name or p.name.endswith(".tmp")]
+    if how == "read-only":  # a save cut short by the remount cannot be deleted there; the next run deletes it
+        assert all(p.parent.name.endswith("_temp") or p.name.endswith("_temp") for p in half), half
+    else:
+        assert not half, "no half-written files"
     latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
     assert latest and int(latest.rsplit("-", 1)[1]) >= 30, latest
     reader = tf.train.load_checkpoint(latest)

@@ -20,6 +20,7 @@ import errno
 import re
 import shutil
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import tensorflow as tf
@@ -197,14 +198,16 @@ class Checkpoints:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._write(prefix)
         except BaseException:
-            remove_partial_saves(self.directory)
+            with suppress(OSError):  # a read-only or vanished directory keeps its leftovers: the write's error is the news
+                remove_partial_saves(self.directory)
             raise
-        kept = checkpoint_prefixes(self.directory)
-        for old in kept[:-MAX_TO_KEEP]:
-            for path in files_of(old):
-                path.unlink(missing_ok=True)
-        names = [p.name for p in kept[-MAX_TO_KEEP:]]
-        tf.compat.v1.train.update_checkpoint_state(str(self.directory), prefix.name, all_model_checkpoint_paths=names)
+        with writing(self.directory / "checkpoint"):  # the disk may turn read-only between the write and the listing
+            kept = checkpoint_prefixes(self.directory)
+            for old in kept[:-MAX_TO_KEEP]:
+                for path in files_of(old):
+                    path.unlink(missing_ok=True)
+            names = [p.name for p in kept[-MAX_TO_KEEP:]]
+            tf.compat.v1.train.update_checkpoint_state(str(self.directory), prefix.name, all_model_checkpoint_paths=names)
 
     def _write(self, prefix: Path) -> None:
         self.prepare()
