@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import explain_worker_error, train_source
+from chief.epochs import EpochPlan, epoch_plan, pass_length
 from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
@@ -146,6 +147,7 @@ class TrainingRun:
     starts: list[dict]  # RUN_DIR/starts.jsonl as this chief started
     stale_total: int = 0
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
+    epochs: EpochPlan | None = None  # training by epochs (chief/epochs.py): train.steps is theirs
 
     @classmethod
     def start(cls, run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
@@ -158,6 +160,8 @@ class TrainingRun:
         stop_point(stop)
         job = load_job(train.job)
         source = train_source(job, run_dir, train)  # built again on each worker from its own files
+        if epochs := epoch_plan(train, *pass_length(source)):
+            train = epochs.resolve(train)  # in steps from here on, on both engines alike
         evaluation = eval_set(job, source.first)
         sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
         startup.mark("job and data")
@@ -181,7 +185,7 @@ class TrainingRun:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
         engine.prepare(first)
         startup.mark("restore and prepare")
-        progress = Progress(train.steps, first, tty=TaskEnv.from_env().tty)
+        progress = Progress(train.steps, first, tty=TaskEnv.from_env().tty, epochs=epochs)
         run = cls(
             run_dir,
             train,
@@ -201,6 +205,7 @@ class TrainingRun:
             first,
             startup,
             starts,
+            epochs=epochs,
         )
         progress.message(run.banner(standalone))
         return run
@@ -212,6 +217,7 @@ class TrainingRun:
             f"pstrain: {'standalone' if standalone else 'cluster'} run of {self.job.spec}, steps {self.first_step}..{t.steps}, "
             f"global batch {t.global_batch_size} = {t.replicas_to_aggregate} x {t.slot_batch_size}"
             + (f", {backups} backup" if backups else "")
+            + (f", {self.epochs.epochs} epochs of {self.epochs.steps_per_epoch} steps" if self.epochs else "")
         )
 
     def record(self, first: int, results: list[StepResult], seconds: float) -> None:
@@ -244,7 +250,8 @@ class TrainingRun:
                     **({"skipped": result.nonfinite} if not result.applied else {}),
                     **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
                     **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
-                    **({"epoch": result.epoch} if result.epoch is not None else {}),
+                    **({"epoch": self.epochs.epoch_of(step)} if self.epochs else {}),
+                    **({"epoch": result.epoch} if result.epoch is not None and not self.epochs else {}),
                     **({"reread": result.reread} if result.reread is not None else {}),
                 }
             )
@@ -337,6 +344,7 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -
     except StoppedDuringStartup:
         say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone)
         return stop.exit_code
+    train = run.train  # with train.epochs: in steps
     step, step_seconds = run.first_step, None
     while step < train.steps:
         if stop.requested:  # before each block: a stop never waits for one to run
