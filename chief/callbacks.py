@@ -153,4 +153,17 @@ def fit_callbacks(run) -> FitCallbacks:
         run.metrics.learning_rate = learning_rate_fn(state.optimizer)
 
     callbacks = job_callbacks(run.job, run.progress.message)
+    check_monitored(run.job.spec, callbacks, steps_per_epoch, t.eval_every)
     return FitCallbacks(callbacks, FitModel(state.model, state.optimizer), steps_per_epoch, t.steps, refresh_rate)
+
+
+def check_monitored(spec: str, callbacks: list, steps_per_epoch: int, eval_every: int) -> None:
+    """A callback that monitors a `val_` metric needs an evaluation at every epoch's end: without one it
+    would only warn each epoch (as fit does without validation data) and never act. Refused in one line."""
+    for callback in callbacks:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("val_") and (not eval_every or steps_per_epoch % eval_every):
+            raise JobError(
+                f"--job {spec}: callbacks_fn(): {type(callback).__name__} monitors {monitor}, but no evaluation runs at "
+                'each epoch\'s end; add --eval-every epoch (train.eval_every = "epoch")'
+            )

@@ -366,7 +366,7 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -
         step += len(results)
         run.maybe_checkpoint(step)
         if callbacks.after_block(step - len(results), [r.loss for r in results], run.maybe_evaluate(step)):
-            log.info("a callback set stop_training: the run ends after step %d", step)
+            run.progress.message(f"pstrain: a callback set stop_training: the run ends after step {step} of {train.steps}")
             break
     if stop.requested:
         return run.stop_with_checkpoint(step, stop, standalone)

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.callbacks import FitCallbacks, FitModel, job_callbacks
+from chief.callbacks import FitCallbacks, FitModel, check_monitored, job_callbacks
 from chief.job import JobError, load_job
 from chief.jobs import digits
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
@@ -74,6 +74,12 @@ def test_what_pstrain_does_instead_is_said_and_what_it_never_calls_is_refused():
     assert "TensorBoard is not run: pstrain writes TensorBoard events" in said[1]
     with pytest.raises(JobError, match=r"callbacks_fn\(\): OnTest overrides on_test_batch_end, which pstrain never calls"):
         job_callbacks(load_job("tests.jobs.callbacks:tests_eval"), said.append)
+    early = job_callbacks(load_job("tests.jobs.callbacks:early"), said.append)
+    check_monitored("j", early, steps_per_epoch=22, eval_every=22)  # evaluated at every epoch's end
+    check_monitored("j", early, steps_per_epoch=22, eval_every=11)
+    for every in (0, 5):  # val_loss would never be there: EarlyStopping would only warn, never stop
+        with pytest.raises(JobError, match=r"EarlyStopping monitors val_loss, but no evaluation runs at each epoch's end"):
+            check_monitored("j", early, steps_per_epoch=22, eval_every=every)
 
 
 def train(tmp_path, name: str, job: str, *args: str, launch: bool = False):
