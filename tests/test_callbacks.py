@@ -145,3 +145,19 @@ def test_stop_training_ends_the_run_at_the_blocks_end_with_a_checkpoint_and_a_pe
     _, _, refused = train(tmp_path, "per-batch", "per_batch", "--epochs", "1", *BY_EPOCH)
     assert refused.returncode != 0 and "a batch hook changed the learning rate at step 0" in refused.output, refused.output
     assert "Traceback" not in refused.output
+
+
+@pytest.mark.cluster
+def test_terminate_on_nan_ends_a_run_that_skips_non_finite_steps(tmp_path):
+    """With --on-nonfinite skip a non-finite step is withheld and the run would go on; TerminateOnNaN sees
+    the first non-finite loss in the batch logs (the epoch's running mean, as fit's) and ends the run at
+    that block's end (K = 4), with a checkpoint of finite weights. It watches the loss only: the steps
+    before, whose gradients were not finite, go on (pstrain's default, stop, would end at the first)."""
+    run_dir, _, result = train(tmp_path, "nan", "nan", "--epochs", "1", "--on-nonfinite", "skip", *BY_EPOCH)
+    assert result.returncode == 0, result.output
+    records, done = metrics(run_dir)
+    skipped = [r["step"] for r in records if r.get("skipped")]  # a NaN pixel: NaN gradients, then an infinite loss
+    first_bad_loss = next(r["step"] for r in records if not np.isfinite(r["loss"]))
+    assert skipped and first_bad_loss < done["steps"] == len(records) <= first_bad_loss + 4 < 22, (skipped, done)
+    assert "Invalid loss, terminating training" in result.output and "a callback set stop_training" in result.output
+    assert (run_dir / "checkpoints" / f"ckpt-{done['steps']}.index").exists() and np.isfinite(done["eval_loss"])

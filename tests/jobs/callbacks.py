@@ -114,3 +114,19 @@ class tests_eval(Base):
                 pass
 
         return [OnTest()]
+
+
+class nan(Base):
+    """Ten training images with a NaN pixel: a step that reads one has a NaN loss. With
+    --on-nonfinite skip, TerminateOnNaN ends the run (pstrain's default, stop, ends it itself)."""
+
+    @staticmethod
+    def train_data():
+        x, y = digits.train_data()
+        x = x.copy()
+        x[::140, 0, 0, 0] = float("nan")
+        return x, y
+
+    @staticmethod
+    def callbacks_fn():
+        return [tf_keras.callbacks.TerminateOnNaN()]
