@@ -149,6 +149,7 @@ def test_status_shows_each_tasks_restarts_and_when_they_reset():
     assert status["tasks"][0]["restarts"] == 2 and status["tasks"][0]["restarts_reset_at"] == 1595.0
     table = format_status(status)
     assert "restarts: at most 3 per task in 10 min" in table.splitlines()[0]
+    assert table.startswith("cluster ") and ", step 0/0" not in table  # total 0: a run by epochs, its steps unknown here
     assert f"2 of 3 until {time.strftime('%H:%M:%S', time.localtime(1595.0))}" in table
     now[0] = 1600.0
     assert registry.status()["tasks"][0]["restarts"] == 0

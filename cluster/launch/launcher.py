@@ -151,7 +151,7 @@ def launch_locked(
         expected_tasks(cluster),
         local_versions(),
         cluster.heartbeat_timeout,
-        total_steps=train.steps,
+        total_steps=0 if train.epochs else train.steps,  # by epochs: the chief learns the steps from the data
         max_restarts=cluster.max_restarts,
         restart_window=cluster.restart_window,
     )
