@@ -1,6 +1,6 @@
 """Faults on a real local cluster: each run must end with the same model as a fault-free run.
 
-The reference is the standalone run (tests/test_local_cluster.py proves a fault-free cluster run
+The reference is the standalone run (tests/system/test_local_cluster.py proves a fault-free cluster run
 equals it), with the same job, seed, steps and global batch.
 """
 
