@@ -1,6 +1,6 @@
 """The launcher's Supervisor over Ray actors: each task's process runs in its TaskHost actor on the
-node Ray placed it on, and the launcher's Supervision watches, signals and restarts it through a
-Popen-like handle. A task whose actor is gone (its node lost) cannot be restarted in place: NodeLost."""
+node Ray placed it on, and the launcher's ClusterWatch (watch.py) watches, signals and restarts it
+through a Popen-like handle. A task whose actor is gone (its node lost) cannot be restarted in place: NodeLost."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class Normalized:
 def state_with_statistics(mean: list[float], variance: list[float]):
     """The training state (built as a standalone run builds it), its Normalization's variables then
     set to other values, as a trained or resumed state may hold them."""
-    job = load_job("tests.test_checkpoint_mirror:Normalized")
+    job = load_job("tests.chief.state.test_checkpoint_mirror:Normalized")
     state = build_state(job, seed=0, sample=SAMPLE)
     norm = state.model.get_layer("norm")
     norm.adapt_mean.assign(mean)

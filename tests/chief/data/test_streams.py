@@ -90,7 +90,7 @@ class FilteredJob:
 
 @pytest.mark.pure
 def test_a_filtered_train_dataset_is_a_stream_and_the_evaluator_reads_its_first_examples(tmp_path):
-    job = load_job("tests.test_streams:FilteredJob")
+    job = load_job("tests.chief.data.test_streams:FilteredJob")
     train = TrainConfig(job="x", global_batch_size=8, replicas_to_aggregate=2)
     assert isinstance(train_source(job, RunDir(tmp_path), train), StreamSource)
     _, labels = train_source(job, RunDir(tmp_path)).first(6)  # no TrainConfig: the sidecar's fallback eval set

@@ -15,7 +15,7 @@ import pytest
 from cluster.errors import ConfigError
 from cluster.runlock import LOCK_NAME, Holder, RunDirLock, is_stale, refusal
 from tests.helpers import ROOT, run_pstrain
-from tests.test_bad_input import assert_one_line_error
+from tests.system.test_bad_input import assert_one_line_error
 
 HOLDER = Holder("node-a", 1234, 1_800_000_000.25, "pstrain launch", "10.0.0.1:2229")
 

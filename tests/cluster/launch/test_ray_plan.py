@@ -1,5 +1,5 @@
 """The Ray engine's pure parts: the placement group, TF_CONFIG from where Ray placed each task, the
-config fields, and the one-line refusals (no Ray started here: tests/test_ray.py runs it)."""
+config fields, and the one-line refusals (no Ray started here: tests/system/test_ray.py runs it)."""
 
 from __future__ import annotations
 

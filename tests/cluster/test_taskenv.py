@@ -20,7 +20,7 @@ from cluster.taskenv import TaskEnv
 from cluster.tfconfig import chief_address, named_task_type, server_task, task_tf_config
 
 pytestmark = pytest.mark.pure
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_launch_node_slurm_and_task_give_a_worker_the_same_environment(tmp_path):

@@ -174,7 +174,7 @@ class TwoSources:
 
 def test_a_job_gives_exactly_one_training_source():
     with pytest.raises(JobError, match="only one of train_dataset, train_data"):
-        load_job("tests.test_sources:TwoSources")
+        load_job("tests.chief.data.test_sources:TwoSources")
 
 
 def test_a_run_dir_is_resumed_only_with_the_same_shuffle():

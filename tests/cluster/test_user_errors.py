@@ -70,8 +70,8 @@ def test_a_failing_assertion_at_run_time_names_the_line_that_defined_it_and_the_
 
 def test_a_workers_error_loses_the_grpc_wrapping_and_names_the_worker():
     """The message a chief got when an assertion failed on both workers (tests/data/README.md)."""
-    job_file = str(Path(__file__).parent / "jobs" / "broken.py")
-    text = (Path(__file__).parent / "data" / "worker_assert_error.txt").read_text().replace("{JOB_FILE}", job_file)
+    job_file = str(Path(__file__).parents[1] / "jobs" / "broken.py")
+    text = (Path(__file__).parents[1] / "data" / "worker_assert_error.txt").read_text().replace("{JOB_FILE}", job_file)
     error = tf.errors.InvalidArgumentError(None, None, text)
     assert failed_worker(error) == 0
     assert error_text(error).startswith("assertion failed: [the bias moved] [Condition x == y did not hold element-wise:]")

@@ -8,6 +8,7 @@ from tensorflow.core.protobuf import config_pb2  # noqa: F401  imported here: th
 from cluster.config import ConfigError, resolve
 from cluster.plan import cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
 from cluster.rundir import check_compatible
+from cluster.taskenv import TaskEnv
 from cluster.tfconfig import task_tf_config
 from worker.server import server_config
 
@@ -127,11 +128,11 @@ def test_workers_sharing_a_gpu_get_memory_growth_or_the_configured_limit_and_one
 
 
 def test_a_workers_server_takes_its_gpu_memory_limit_from_the_plan():
-    assert server_config({}) is None
-    config = server_config({"PSTRAIN_GPU_MEMORY_MB": "2048"})
+    assert server_config(TaskEnv.from_env({})) is None
+    config = server_config(TaskEnv.from_env({"PSTRAIN_GPU_MEMORY_MB": "2048"}))
     assert list(config.gpu_options.experimental.virtual_devices[0].memory_limit_mb) == [2048.0]
     with pytest.raises(ConfigError, match="PSTRAIN_GPU_MEMORY_MB: expected a positive number"):
-        server_config({"PSTRAIN_GPU_MEMORY_MB": "lots"})
+        server_config(TaskEnv.from_env({"PSTRAIN_GPU_MEMORY_MB": "lots"}))
 
 
 def test_run_dir_written_by_other_settings_is_refused():

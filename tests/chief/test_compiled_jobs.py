@@ -14,7 +14,7 @@ from chief.step.clipping import apply_clipped
 from chief.step.replica import Replica, replica_step
 from tests.helpers import assert_no_orphans, metrics, run_pstrain
 from tests.jobs import compiled
-from tests.test_bad_input import assert_one_line_error
+from tests.system.test_bad_input import assert_one_line_error
 
 
 @pytest.mark.pure

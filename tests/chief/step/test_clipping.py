@@ -15,7 +15,7 @@ from chief.job import Job
 from chief.step.clipping import SETTINGS, apply_clipped
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
-from tests.test_engines import engine_inputs, full_weights, run_both
+from tests.chief.step.test_engines import engine_inputs, full_weights, run_both
 
 ROWS, WIDTH = 20_000, 8  # a 625 KiB table: two shards
 DENSE_IN = 256  # Dense(512) over 256 + 8 inputs: a 528 KiB kernel, two shards

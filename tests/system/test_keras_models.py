@@ -24,7 +24,7 @@ from cluster.rundir import RunDir
 from tests.conftest import _free_port
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.jobs import keras_models
-from tests.test_bad_input import assert_one_line_error
+from tests.system.test_bad_input import assert_one_line_error
 
 pytestmark = pytest.mark.cluster
 

@@ -23,8 +23,8 @@ from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 from cluster.rundir import RunDir
+from tests.chief.step.test_engines import full_weights
 from tests.jobs.matrix import FORMS, case_name
-from tests.test_engines import full_weights
 
 # (weighted, outputs, compiled) and its complement: four pairs, each setting of two factors in some pair.
 PAIRS = [

@@ -1,7 +1,7 @@
 """Read-ahead of the next step's examples (chief/data/readahead.py): the protocol in one process.
 
 The cluster runs that use it (train_dataset() jobs) are checked against the standalone run in
-tests/test_worker_data.py; here, without a cluster: a closure's put-then-take order never waits on
+tests/system/test_worker_data.py; here, without a cluster: a closure's put-then-take order never waits on
 itself, a request is read in the background before it is taken, and a miss reads the examples anew.
 """
 

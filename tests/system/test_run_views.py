@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.chief.test_tensorboard import read_scalars
 from tests.helpers import ROOT, Result, alive, assert_no_orphans, metrics, run_pstrain
-from tests.test_tensorboard import read_scalars
 
 pytestmark = pytest.mark.cluster
 
