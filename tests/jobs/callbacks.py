@@ -1,4 +1,4 @@
-"""Jobs with `callbacks_fn()` (chief/callbacks.py, tests/test_callbacks.py): the digits job plus
+"""Jobs with `callbacks_fn()` (chief/callbacks.py, tests/chief/test_callbacks.py): the digits job plus
 callbacks, named `--job tests.jobs.callbacks:<name>`. Files the callbacks write go to $PSTRAIN_CALLBACKS_DIR."""
 
 from __future__ import annotations
