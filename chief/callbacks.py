@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
 import tf_keras
 
 from chief.job import Job, JobError
@@ -100,10 +101,18 @@ class FitCallbacks:
         return learning_rate_fn(self.model.optimizer)(0)
 
     def begin(self, first_step: int) -> None:
-        if self.active:
-            self.callbacks.on_train_begin({})
-            self.callbacks.on_epoch_begin(first_step // self.steps_per_epoch, {})
-            self.on_lr_change()
+        """`on_train_begin`, then `on_epoch_begin` of the epoch `first_step` is in. A resume mid-epoch
+        keeps the checkpoint's learning rate, which that epoch's `on_epoch_begin` already set before the
+        save: a schedule that scales the current rate (`lr * 0.5`) must not apply twice."""
+        if not self.active:
+            return
+        self.callbacks.on_train_begin({})
+        rate = self.model.optimizer.learning_rate
+        kept = rate.numpy() if isinstance(rate, tf.Variable) and first_step % self.steps_per_epoch else None
+        self.callbacks.on_epoch_begin(first_step // self.steps_per_epoch, {})
+        if kept is not None:
+            rate.assign(kept)
+        self.on_lr_change()
 
     def cut(self, step: int, count: int) -> int:
         """`count` cut so the block ends at the epoch's end (only with callbacks)."""

@@ -37,6 +37,20 @@ class Seen(tf_keras.callbacks.Callback):
 
 
 @pytest.mark.pure
+def test_a_resume_mid_epoch_keeps_the_checkpoints_rate_and_an_epoch_edge_applies_the_schedule():
+    """The rate in a checkpoint taken mid-epoch was set by that epoch's on_epoch_begin; applying a
+    schedule that scales the current rate again on resume would train another model."""
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+    halve = tf_keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5)
+    for first_step, expected in ((5, 0.05), (4, 0.025)):  # mid epoch 1 (resumed), then at epoch 1's start
+        optimizer = tf_keras.optimizers.legacy.SGD(0.1)
+        optimizer.learning_rate = tf.Variable(0.05)  # as restored: epoch 1 began at 0.1 * 0.5
+        hooks = FitCallbacks([halve], FitModel(model, optimizer), steps_per_epoch=4, total_steps=12)
+        hooks.begin(first_step)
+        assert float(optimizer.learning_rate.numpy()) == pytest.approx(expected), first_step
+
+
+@pytest.mark.pure
 def test_hooks_run_per_step_after_the_block_and_epoch_hooks_at_its_edges():
     seen = Seen()
     model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
