@@ -41,13 +41,20 @@ steps = 40
 checkpoint_every = 20
 run_dir = "{run_dir}"
 """
+# `ip netns exec` mounts a sysfs of its own at /sys, without the cgroup file systems a machine has there:
+# mounted again on host A (in its own mount namespace) so that the chief reads its memory limit.
+CGROUPS = (
+    "mount -t tmpfs cgroups /sys/fs/cgroup && mkdir /sys/fs/cgroup/memory"
+    " && mount -t cgroup -o memory memory /sys/fs/cgroup/memory"
+)
 FALLBACK = "checkpoints: ps:0 cannot write to {} (no shared mount?): the chief writes them from a full copy of the state"
 
 
-def run_without_a_shared_mount(tmp_path: Path, tag: int, extra: list[str], during=None) -> tuple[Result, str]:
-    """`pstrain launch --config … EXTRA` on host A and `pstrain node` (the ps) on host B, B seeing a tmpfs
-    of its own at RUN_DIR; `during(launcher_pid)` runs while they do. Returns (the launcher's result, the
-    node's output); everything is reaped, and nothing is left running."""
+def run_without_a_shared_mount(tmp_path: Path, tag: int, extra: list[str], during=None, cgroups=False) -> tuple[Result, str]:
+    """`pstrain launch --config … EXTRA` on host A (with the memory cgroups mounted there, `cgroups`) and
+    `pstrain node` (the ps) on host B, B seeing a tmpfs of its own at RUN_DIR; `during(launcher_pid)` runs
+    while they do. Returns (the launcher's result, the node's output); everything is reaped, and nothing
+    is left running."""
     token, run_dir, config = tmp_path / "token", tmp_path / "run", tmp_path / "cluster.toml"
     token.write_text(secrets.token_urlsafe(16) + "\n")
     run_dir.mkdir()  # the mount point, on A's file system: B's ps sees an empty tmpfs there
@@ -56,8 +63,9 @@ def run_without_a_shared_mount(tmp_path: Path, tag: int, extra: list[str], durin
         config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, run_dir=run_dir))
         node = PSTRAIN + ["node", "--chief", f"{a.address}:2229", "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
         private = f'mount -t tmpfs pstrain-test "{run_dir}" && exec "$0" "$@"'
+        launch = PSTRAIN + ["launch", "--config", str(config), *extra]
         argvs = [
-            a.command(PSTRAIN + ["launch", "--config", str(config), *extra]),
+            a.command(["sh", "-c", CGROUPS + ' && exec "$0" "$@"', *launch] if cgroups else launch),
             b.command(["unshare", "--mount", "--propagation", "private", "sh", "-c", private, *node]),
         ]
         processes = [
@@ -94,6 +102,7 @@ def test_a_ps_without_the_run_dir_checkpoints_through_the_chief_and_ends_as_stan
     assert run.returncode == 0, run.output + node_output
     chief_log = (tmp_path / "run" / "logs" / "chief-0.log").read_text()
     assert FALLBACK.format(tmp_path / "run" / "checkpoints") in chief_log, chief_log
+    print(next(line for line in chief_log.splitlines() if "cannot write to" in line))
     assert [r["step"] for r in metrics(tmp_path / "run")[0]] == list(range(40))
     assert not list((tmp_path / "run" / "checkpoints").glob(".ps-can-write*")), "no probe file left"
     reference = tmp_path / "standalone"
@@ -123,7 +132,7 @@ def test_a_ps_without_the_run_dir_and_a_model_larger_than_the_chief_is_refused_i
 
     try:
         extra = ["--job", "tests.jobs.tables:big", "--global-batch-size", "32"]
-        run, node_output = run_without_a_shared_mount(tmp_path, tag=4, extra=extra, during=limit_the_chief)
+        run, node_output = run_without_a_shared_mount(tmp_path, tag=4, extra=extra, during=limit_the_chief, cgroups=True)
         admitted, oom_kills = bool(limit.admitted), limit.oom_kills()
     finally:
         limit.remove()
@@ -133,6 +142,7 @@ def test_a_ps_without_the_run_dir_and_a_model_larger_than_the_chief_is_refused_i
     assert len(said) == 1, run.output
     refusal = f"pstrain: error: ps:0 cannot write to {checkpoints}, and the model's state (0.48 GiB) is more than the chief"
     assert said[0].startswith(refusal), said
+    print(said[0])
     assert f"share {tmp_path / 'run'} with every ps at the same path (a shared mount)" in said[0], said
     assert run.returncode == 1, run.output + node_output
     assert "Traceback" not in run.output
