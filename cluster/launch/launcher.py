@@ -42,7 +42,7 @@ from cluster.policy import (
     silent_task_decision,
 )
 from cluster.preflight import check_writable
-from cluster.rundir import latest_checkpoint_step
+from cluster.rundir import checkpoint_progress, latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.stop_report import stop_outcome
@@ -50,7 +50,7 @@ from cluster.task import TaskId
 from cluster.taskenv import TaskEnv, token_in_env
 from cluster.versions import local_versions
 
-CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
+CHIEF_STOP_GRACE_S = 8.0  # a stopped chief is killed after this long without progress in its checkpoint write
 
 
 def say(text: str, error: bool = False, warning: bool = False) -> None:
@@ -329,11 +329,8 @@ class Supervision:
         128+N after saving; killed by a signal (-N), it saved nothing."""
         if returncode == signal_exit_code(self.stop.signum or signal.SIGTERM):
             return f"stopped with a checkpoint; {self._resume_hint()}"
-        how = (
-            f"killed after {CHIEF_STOP_GRACE_S:g}s"
-            if returncode == -signal.SIGKILL
-            else f"exit {returncode_exit_code(returncode)}"
-        )
+        killed = f"killed after {CHIEF_STOP_GRACE_S:g}s without checkpoint progress"
+        how = killed if returncode == -signal.SIGKILL else f"exit {returncode_exit_code(returncode)}"
         return f"the chief could not checkpoint ({how}); {self._resume_hint()}"
 
     def _how_stopped(self, returncode: int) -> str:
@@ -347,27 +344,29 @@ class Supervision:
         if returncode == -signum and not newer:
             return "start-up"
         if returncode == -signal.SIGKILL:
-            return f"killed after {CHIEF_STOP_GRACE_S:g}s"
+            return f"killed after {CHIEF_STOP_GRACE_S:g}s without checkpoint progress"
         return f"exit {returncode_exit_code(returncode)}"
 
     def _servers(self) -> list[Child]:
         return [c for c in self.supervisor.children if not c.task.is_chief]
 
     def _watch(self, chief: Child) -> int:
-        forwarded, deadline = False, 0.0
+        forwarded, deadline, progress = False, 0.0, None
         while chief.process.poll() is None:
             if (self.stop.requested or self.failure) and not forwarded:
                 chief.process.send_signal(self.stop.signum or signal.SIGTERM)
-                forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
-            if forwarded and time.monotonic() > deadline:
-                chief.process.kill()
-            if not forwarded:
+                forwarded = True
+            if forwarded:  # the grace counts from the checkpoint write's last progress: a large model's takes longer
+                if (seen := checkpoint_progress(self.run_dir)) != progress:
+                    progress, deadline = seen, time.monotonic() + CHIEF_STOP_GRACE_S
+                if time.monotonic() > deadline:
+                    chief.process.kill()
+                time.sleep(0.1)
+            else:
                 self._restart_dead_servers()
                 self._check_silent()
                 self._check_logs()
                 self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
-            else:
-                time.sleep(0.1)
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
 
