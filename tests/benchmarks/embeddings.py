@@ -348,7 +348,7 @@ def main() -> int:
         results["runs"][size] = runs
         print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch), flush=True)
         print(setup_lines(runs), flush=True)
-    if "pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes):
+    if sizes and ("pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes)):
         print(chief_memory_line(results["runs"]), flush=True)
     compared = [s for s in sizes if s not in PSTRAIN_ONLY]
     if len(compared) > 1 and "pstrain" in peers:
