@@ -147,6 +147,7 @@ class TrainingRun:
     startup: StartupClock
     starts: list[dict]  # RUN_DIR/starts.jsonl as this chief started
     stale_total: int = 0
+    saved: int = -1  # the step of the checkpoint this run wrote last
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
     epochs: EpochPlan | None = None  # training by epochs (chief/epochs.py): train.steps is theirs
 
@@ -270,6 +271,7 @@ class TrainingRun:
         every = self.train.checkpoint_every
         if every and done % every == 0 and done < self.train.steps:
             self.checkpoints.save(done)
+            self.saved = done
             self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
     def maybe_evaluate(self, done: int) -> dict[str, float] | None:
@@ -286,10 +288,13 @@ class TrainingRun:
         return scores
 
     def stop_with_checkpoint(self, done: int, stop: StopTrap, standalone: bool) -> int:
-        """Save the state after `done` applied steps (none to save when no step ran); say so and exit as the
-        stop signal asks (in a cluster the launcher says it on the console: the chief logs it)."""
+        """Save the state after `done` applied steps (none to save when no step ran, nor when checkpoint
+        `done` was just written: a stop during that write); say so and exit as the stop signal asks (in a
+        cluster the launcher says it on the console: the chief logs it)."""
         trained = done > self.first_step
-        if trained:
+        if trained and done == self.saved:
+            log.info("checkpoint %d is already written: the stop does not write it again", done)
+        elif trained:
             self.checkpoints.save(done)
         self.metrics.close()
         checkpoint = done if trained else latest_checkpoint_step(self.run_dir.path)

@@ -221,5 +221,19 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
         return None
 
 
+def checkpoint_progress(run_dir: Path) -> tuple[tuple[str, int], ...]:
+    """The names and sizes of RUN_DIR/checkpoints' files, with those inside a write's `ckpt-N_temp`
+    directory: a write in progress grows them, a finished one renames them and adds its index. Two
+    looks that differ show the write progressed."""
+    found: list[tuple[str, int]] = []
+    try:
+        for path in (RunDir(run_dir).checkpoints).iterdir():
+            inside = list(path.iterdir()) if path.is_dir() else [path]
+            found += [(f"{path.name}/{f.name}", f.stat().st_size) for f in inside]
+    except OSError:  # no directory yet; or a file renamed between the listing and its stat: a change
+        found.append(("", -1))
+    return tuple(sorted(found))
+
+
 def load_train(run_dir: Path) -> TrainConfig:
     return RunDir(run_dir).train()

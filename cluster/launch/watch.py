@@ -5,7 +5,7 @@ then it restarts a ps or worker that exited (bounded by the restart budget, afte
 the back-off short and nothing is restarted), kills a local task silent past the heartbeat timeout (then
 restarts it like a dead one), restarts the chief after a ps loss so it resumes from its checkpoint, and
 forwards a stop (or a task lost for good, or a task log that cannot be written) to the chief, which gets
-CHIEF_STOP_GRACE_S to checkpoint before it is killed. What to do is decided by cluster/policy.py; this
+CHIEF_STOP_GRACE_S without checkpoint progress before it is killed. What to do is decided by cluster/policy.py; this
 module carries it out and says it on the console. It never starts a process itself: the `Supervisor`
 (cluster/launch/supervisor.py) it is given starts, restarts and reaps them.
 """
@@ -34,11 +34,11 @@ from cluster.policy import (
     restart_decision,
     silent_task_decision,
 )
-from cluster.rundir import latest_checkpoint_step
+from cluster.rundir import checkpoint_progress, latest_checkpoint_step
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 
-CHIEF_STOP_GRACE_S = 8.0  # time for the chief to checkpoint after a stop signal before it is killed
+CHIEF_STOP_GRACE_S = 8.0  # a stopped chief is killed after this long without progress in its checkpoint write
 
 
 def describe_not_ready(child: Child) -> str:
@@ -145,7 +145,7 @@ class ClusterWatch:
         if returncode == signal_exit_code(self.stop.signum or signal.SIGTERM):
             return f"stopped with a checkpoint; {self._resume_hint()}"
         how = (
-            f"killed after {CHIEF_STOP_GRACE_S:g}s"
+            f"killed after {CHIEF_STOP_GRACE_S:g}s without checkpoint progress"
             if returncode == -signal.SIGKILL
             else f"exit {returncode_exit_code(returncode)}"
         )
@@ -162,27 +162,29 @@ class ClusterWatch:
         if returncode == -signum and not newer:
             return "start-up"
         if returncode == -signal.SIGKILL:
-            return f"killed after {CHIEF_STOP_GRACE_S:g}s"
+            return f"killed after {CHIEF_STOP_GRACE_S:g}s without checkpoint progress"
         return f"exit {returncode_exit_code(returncode)}"
 
     def _servers(self) -> list[Child]:
         return [c for c in self.supervisor.children if not c.task.is_chief]
 
     def _watch(self, chief: Child) -> int:
-        forwarded, deadline = False, 0.0
+        forwarded, deadline, progress = False, 0.0, None
         while chief.process.poll() is None:
             if (self.stop.requested or self.failure) and not forwarded:
                 chief.process.send_signal(self.stop.signum or signal.SIGTERM)
-                forwarded, deadline = True, time.monotonic() + CHIEF_STOP_GRACE_S
-            if forwarded and time.monotonic() > deadline:
-                chief.process.kill()
-            if not forwarded:
+                forwarded = True
+            if forwarded:  # the grace counts from the checkpoint write's last progress: a large model's takes longer
+                if (seen := checkpoint_progress(self.run_dir)) != progress:
+                    progress, deadline = seen, time.monotonic() + CHIEF_STOP_GRACE_S
+                if time.monotonic() > deadline:
+                    chief.process.kill()
+                time.sleep(0.1)
+            else:
                 self._restart_dead_servers()
                 self._check_silent()
                 self._check_logs()
                 self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
-            else:
-                time.sleep(0.1)
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
 

@@ -1,15 +1,18 @@
 """Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
 
-    python -m tests.benchmarks.embeddings [--sizes 1m,10m] [--repeats 2] [--steps 50] [--scaling]
+    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 2] [--steps 50] [--scaling]
 
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
 logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
 1 M and a 10 M table see the same rows touched per step (at most 128 x 12 = 1,536): what differs is
-only the table. Peers, interleaved round by round in a rotating order, each at its best and each on
-a fresh batch every step (tests/benchmarks/bench.py's method): pstrain sync (2 workers, 1 ps; its
-default steps per dispatch, and one), TF2 ParameterServerStrategy asynchronous tuned and one step per
-closure, the TF1 SyncReplicasOptimizer recipe (whose sparse accumulators keep embedding gradients
-sparse), MultiWorkerMirroredStrategy, one process; and the transfer limit: closures that read the
+only the table. At 1k (1,000 rows: the chief's memory baseline) the ids are taken modulo 1,000 and
+pstrain runs alone. Each size's lines give the chief's peak resident memory beside the table's size,
+and a last line compares them over the sizes (issue 31: 10 M within 300 MiB of 1k). Peers,
+interleaved round by round in a rotating order, each at its best and each on a fresh batch every step
+(tests/benchmarks/bench.py's method): pstrain sync (2 workers, 1 ps; its default steps per dispatch,
+and one), TF2 ParameterServerStrategy asynchronous tuned and one step per closure, the TF1
+SyncReplicasOptimizer recipe (whose sparse accumulators keep embedding gradients sparse),
+MultiWorkerMirroredStrategy, one process; and the transfer limit: closures that read the
 touched rows from the ps and write as many back, no compute.
 --scaling: pstrain and TF1 with 1, 2, 4 and 8 workers (1 M rows, global batch fixed, 1 ps).
 --per-execution 1,4,16,64: pstrain alone with each number of steps per dispatch (1 M rows), interleaved.
@@ -31,7 +34,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-ROWS = {"1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
+ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
+PSTRAIN_ONLY = {"1k"}  # sizes below the ids' range: pstrain alone (its ids modulo the rows), for the chief's memory
 DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
 PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
 
@@ -82,11 +86,19 @@ class _Job:
     size = ""
     loss_fn = staticmethod(loss)
     optimizer_fn = staticmethod(optimizer)
-    train_data = staticmethod(data)
 
     @classmethod
     def model_fn(cls):
         return build_model(cls.size)
+
+    @classmethod
+    def train_data(cls) -> tuple[np.ndarray, np.ndarray]:
+        ids, labels = data()
+        return (ids % ROWS[cls.size] if ROWS[cls.size] < ID_RANGE else ids), labels
+
+
+class Emb1K(_Job):
+    size = "1k"
 
 
 class Emb1M(_Job):
@@ -223,6 +235,34 @@ def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
     return "\n".join(lines)
 
 
+def table_mib(size: str) -> float:
+    return ROWS[size] * DIM * 4 / 2**20
+
+
+def chief_peak(runs: dict[str, list[dict]]) -> int:
+    return max(r["chief_peak_rss_mib"] for r in runs["pstrain"])
+
+
+def chief_line(size: str, runs: dict[str, list[dict]]) -> str:
+    """A pstrain-only size: its step and the chief's peak beside the table's size."""
+    step = statistics.median(r["step_s"] for r in runs["pstrain"])
+    return (
+        f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP (ids modulo {ROWS[size]:,}), pstrain alone: step "
+        f"{step * 1000:.1f} ms; pstrain chief peak RSS {chief_peak(runs):,} MiB (table {table_mib(size):,.1f} MiB)"
+    )
+
+
+def chief_memory_line(runs_by_size: dict[str, dict[str, list[dict]]]) -> str:
+    """The chief's peak at each size beside the table's, and the largest size's growth over the smallest's."""
+    peaks = {size: chief_peak(runs) for size, runs in runs_by_size.items() if runs.get("pstrain")}
+    parts = [f"{size} {peak:,} MiB (table {table_mib(size):,.1f} MiB)" for size, peak in peaks.items()]
+    line = "\nthe chief's peak resident memory by table: " + ", ".join(parts)
+    if len(peaks) > 1:
+        small, large = min(peaks, key=ROWS.get), max(peaks, key=ROWS.get)
+        line += f"; {large} - {small}: {peaks[large] - peaks[small]:,} MiB (issue 31's bound: 300 MiB)"
+    return line
+
+
 SCALING = (1, 2, 4, 8)
 
 
@@ -281,7 +321,7 @@ def scaling_table(runs: dict[str, dict[int, list[dict]]], batch: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1m,10m")
+    parser.add_argument("--sizes", default="1k,1m,10m", help=f"of {', '.join(ROWS)}")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=400)
@@ -298,18 +338,22 @@ def main() -> int:
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        runs: dict[str, list[dict]] = {p: [] for p in [*peers, *PROBES]}
+        here = ["pstrain"] if size in PSTRAIN_ONLY else [*peers, *PROBES]
+        runs: dict[str, list[dict]] = {p: [] for p in here}
         for repeat in range(args.repeats):  # the order rotates round by round
-            for peer in rotated([*peers, *PROBES], repeat):
+            for peer in rotated(here, repeat):
                 result = run_peer(peer, size, batch, args.steps, device=args.device)
                 runs[peer].append(result)
                 print(f"  {size} round {repeat + 1} {peer}: {result['step_s'] * 1000:.1f} ms/step", flush=True)
         results["runs"][size] = runs
-        print(table(size, runs, batch), flush=True)
+        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch), flush=True)
         print(setup_lines(runs), flush=True)
-    if len(sizes) > 1 and "pstrain" in peers:
-        steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in sizes]
-        print(f"\npstrain step at {sizes[-1]} ÷ at {sizes[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    if sizes and ("pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes)):
+        print(chief_memory_line(results["runs"]), flush=True)
+    compared = [s for s in sizes if s not in PSTRAIN_ONLY]
+    if len(compared) > 1 and "pstrain" in peers:
+        steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in compared]
+        print(f"\npstrain step at {compared[-1]} ÷ at {compared[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
     if args.per_execution:
         values = [int(k) for k in args.per_execution.split(",")]
         results["per_execution"] = per_execution(values, batch, args.steps, args.repeats)

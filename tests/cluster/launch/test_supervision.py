@@ -73,6 +73,30 @@ CHECKPOINTING_CHIEF = [
     "-c",
     "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); time.sleep(120)",
 ]
+# A chief whose checkpoint (of a large model) takes longer than the grace: its write grows a file every 0.2 s
+# for 1.6 s, then completes checkpoint 80 and exits 143. The grace counts from the write's last progress.
+SLOW_WRITER_CHIEF = [
+    sys.executable,
+    "-c",
+    """
+import os, signal, sys, time
+def save(*_):
+    d = os.path.join(sys.argv[1], "checkpoints")
+    os.makedirs(f"{d}/ckpt-80_temp")
+    for _ in range(8):
+        with open(f"{d}/ckpt-80_temp/part-0", "ab") as f:
+            f.write(b"x" * 1000)
+        time.sleep(0.2)
+    os.rename(f"{d}/ckpt-80_temp/part-0", f"{d}/ckpt-80.data-00000-of-00001")
+    os.rmdir(f"{d}/ckpt-80_temp")
+    open(f"{d}/ckpt-80.index", "w").close()
+    with open(f"{d}/checkpoint", "w") as f:
+        f.write('model_checkpoint_path: "ckpt-80"\\n')
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+time.sleep(120)
+""",
+]
 # A chief stuck where a stop cannot reach it (SIGTERM ignored): the launcher kills it after the grace period.
 STUCK_CHIEF = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"]
 
@@ -133,16 +157,18 @@ def test_a_hung_local_worker_is_killed_and_restarted_and_the_run_goes_on(tmp_pat
         (CHECKPOINTING_CHIEF, "stopped with a checkpoint; run the same command again to resume from checkpoint step 75"),
         (
             STUCK_CHIEF,
-            "the chief could not checkpoint (killed after 0.5s); run the same command again to resume from checkpoint step 75",
+            "the chief could not checkpoint (killed after 0.5s without checkpoint progress); "
+            "run the same command again to resume from checkpoint step 75",
         ),
+        (SLOW_WRITER_CHIEF, "stopped with a checkpoint; run the same command again to resume from checkpoint step 80"),
     ],
-    ids=["chief-checkpoints", "chief-stuck"],
+    ids=["chief-checkpoints", "chief-stuck", "chief-writes-longer-than-the-grace"],
 )
 def test_a_task_lost_on_another_machine_ends_the_run_saying_what_became_of_the_checkpoint(
     tmp_path, capsys, monkeypatch, chief_argv, outcome
 ):
     monkeypatch.setattr(watch, "CHIEF_STOP_GRACE_S", 0.5)
-    cluster, registry, supervisor, _, chief, _ = silent_cluster(tmp_path, chief_argv, start_worker=False)
+    cluster, registry, supervisor, _, chief, _ = silent_cluster(tmp_path, [*chief_argv, str(tmp_path)], start_worker=False)
     wait_for_sigterm_handler(chief.process.pid)  # the chief has set its signal handler
     try:
         with StopTrap() as stop:
