@@ -1,5 +1,5 @@
 """The tests the docs cite as proof of what cannot be checked in one process on one machine: two machines,
-Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
+Ray, Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterable
 PROOF = (
     "tests/test_two_machines.py",  # docs/two-machines.md
     "tests/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
+    "tests/test_ray_two_nodes.py",  # docs/ray.md: a Ray cluster of two nodes
     "tests/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
     "tests/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
     "tests/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",

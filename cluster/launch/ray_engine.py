@@ -205,8 +205,9 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
                     raise PstrainError(f"{lost}; gave up after {placement + 1} placements") from None
                 step = latest_checkpoint_step(lock.run_dir)
                 point = f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
+                wait = f"waiting up to {train.startup_timeout:g}s for room for {len(plan.bundles)} bundles, {plan.strategy}"
                 line = f"lost {lost.task} at {lost.address} (its Ray node); resuming from {point} once Ray places it again"
-                say(line, warning=True)
+                say(f"{line} ({wait})", warning=True)
             finally:
                 for host in hosts.values():
                     ray.kill(host)
