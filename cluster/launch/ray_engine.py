@@ -59,9 +59,18 @@ def import_ray(address: str) -> Any:
     return ray
 
 
-def connect(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
+def connect(ray: Any, cluster: ClusterConfig, cpus: int, stop: StopTrap) -> None:
     """Join the Ray cluster at `cluster.ray_address`, or start a local one (loopback, no dashboard,
-    `cpus` logical CPUs: one per task) that this driver owns and `ray.shutdown()` stops."""
+    `cpus` logical CPUs: one per task) that this driver owns and `ray.shutdown()` stops. `stop`'s
+    handlers stay: `ray.init` puts a SIGTERM handler of its own (an abrupt exit) in their place."""
+    handlers = stop.handlers()
+    try:
+        join_or_start(ray, cluster, cpus)
+    finally:
+        stop.rearm(handlers)
+
+
+def join_or_start(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
     common = {"log_to_driver": False, "configure_logging": False}
     if cluster.ray_address:
         token = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -162,7 +171,7 @@ def launch_ray(config: Config) -> int:
     ray = import_ray(cluster.ray_address)
     tasks = tasks_of(cluster)
     with StopTrap() as stop:
-        connect(ray, cluster, cpus=len(tasks))
+        connect(ray, cluster, len(tasks), stop)
         try:
             with RunDirLock(Path(config.train.run_dir), "pstrain launch") as lock:
                 return run_placements(ray, config, lock, stop)
