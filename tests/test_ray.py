@@ -183,3 +183,17 @@ def test_ctrl_c_or_sigterm_checkpoints_stops_and_leaves_nothing(tmp_path, sig):
     assert 30 <= len(metrics(run_dir)[0]) < STEPS
     assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
     assert_no_orphans(Result(launcher.returncode, output, seen), within_s=20)
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once_in_one_line(tmp_path):
+    port = free_port("127.0.0.1")
+    started = time.monotonic()
+    result = run_pstrain(ray_args(tmp_path / "run", f"127.0.0.1:{port}"), timeout=60, env=RAY_ENV)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"pstrain: error: --address: nothing answers at 127.0.0.1:{port} (Connection refused); give the Ray head's "
+        f"HOST:PORT (`ray start --head --port={port}` prints it), or leave --address out to start a local Ray"
+    ], result.output
+    assert elapsed < 15, f"took {elapsed:.1f}s (Ray's own connect retries for 20s)"
+    assert_no_orphans(result)
