@@ -4,9 +4,9 @@ address only (small: 3 CPUs, 80 MB object store, no dashboard). The launcher run
 on the head would; the run dir is on the file system both nodes share here.
 
 The job: the recommender with its user table sharded over 2 ps, workers spread over both nodes.
-One test kills worker 1's process on B (restarted by its actor); one stops B's Ray mid-run (its
-actors and tasks die with it; the run waits, B's Ray comes back, the run resumes). Each ends equal
-to `pstrain train --standalone`; after each, no pstrain actor and no task process is left on
+One test kills the worker process on B (restarted by its actor); one stops B's Ray mid-run (its
+actors and tasks die with it; the run waits, B's Ray comes back, the run resumes); one runs `pstrain
+stop` on B. The first two end equal to `pstrain train --standalone`; after each, no pstrain actor and no task process is left on
 either node, and at the end no process either node's Ray started.
 """
 
@@ -187,5 +187,27 @@ def test_the_second_nodes_ray_stopped_mid_run_resumes_once_ray_places_it_again(t
     assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text()
     assert "Traceback" not in result.output
     assert_equals_standalone(run_dir, reference)
+    assert_no_orphans(result)
+    assert_nothing_left(cluster.nodes)
+
+
+def test_pstrain_stop_from_the_second_node_checkpoints_and_leaves_nothing_on_either(tmp_path, cluster):
+    """`pstrain stop` run on B, as an operator on the second machine would: a checkpoint, exit 0."""
+    run_dir = tmp_path / "run"
+    stopped: list[subprocess.CompletedProcess] = []
+
+    def stop_from_b(output: str) -> None:
+        control = [line.partition("--chief ")[2].split()[0] for line in output.splitlines() if "see it with:" in line]
+        if not stopped and control and step_lines(run_dir) >= 20:
+            argv = PSTRAIN + ["stop", "--chief", control[0], "--token-file", str(run_dir / "control.token")]
+            stopped.append(subprocess.run(cluster.b.command(argv), cwd=ROOT, capture_output=True, text=True, timeout=60))
+
+    result = launch_on_a(cluster, run_dir, stop_from_b)
+    assert stopped and stopped[0].returncode == 0, stopped and stopped[0].stdout + stopped[0].stderr
+    assert result.returncode == 0, result.output
+    stop_lines = [line for line in result.output.splitlines() if line.startswith("pstrain: stopped by pstrain stop from ")]
+    assert len(stop_lines) == 1 and "checkpoint saved" in stop_lines[0], result.output  # names the sender's hostname
+    assert 20 <= len(metrics(run_dir)[0]) < STEPS
+    assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
     assert_no_orphans(result)
     assert_nothing_left(cluster.nodes)
