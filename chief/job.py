@@ -33,6 +33,7 @@ class Job:
     loss_name: str = "loss_fn"  # where the loss came from, for messages
     compiled_metrics: Callable[[], tuple[Any, Any]] | None = None  # fresh (metrics, weighted_metrics) from compile
     class_weight: dict[int, float] | None = None  # {label: weight}, as fit's class_weight (chief/step/class_weights.py)
+    callbacks_fn: Callable[[], list] | None = None  # fresh tf_keras callbacks, run on the chief (chief/callbacks.py)
 
     @property
     def name(self) -> str:
@@ -75,6 +76,7 @@ def load_job(spec: str) -> Job:
         train_dataset=optional("train_dataset"),
         eval_dataset=optional("eval_dataset"),
         class_weight=checked_class_weight(spec, getattr(target, "class_weight", None)),
+        callbacks_fn=optional("callbacks_fn"),
         **parts,
     )
 

@@ -90,8 +90,9 @@ class Progress:
 
     RATE_WINDOW = 20
 
-    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout):
-        self.total, self.start, self.tty, self.out = total, start, tty, out
+    def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout, epochs=None):
+        """`epochs`: the run's EpochPlan (chief/epochs.py), when it trains by epochs: each line shows the epoch."""
+        self.total, self.start, self.tty, self.out, self.epochs = total, start, tty, out, epochs
         self.every = max(1, total // 20)
         self.recent: deque[float] = deque(maxlen=self.RATE_WINDOW)  # seconds of the last steps
 
@@ -102,7 +103,8 @@ class Progress:
         done = step + 1
         if done > self.start + 1:
             self.recent.append(seconds)
-        text = f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
+        text = f"epoch {self.epochs.epoch_of(step) + 1}/{self.epochs.epochs}  " if self.epochs else ""
+        text += f"step {done}/{self.total}  loss {loss:.4f}  aggregated {aggregated}  {examples_per_s:,.0f} examples/s"
         if (seconds_total := sum(self.recent)) > 0:
             rate = len(self.recent) / seconds_total
             text += f"  {rate:.1f} steps/s  ETA {format_eta((self.total - done) / rate)}"

@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from chief.callbacks import fit_callbacks
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import explain_worker_error, train_source
+from chief.epochs import EpochPlan, epoch_plan, pass_length
 from chief.export import export_saved_model
 from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
@@ -146,6 +148,7 @@ class TrainingRun:
     starts: list[dict]  # RUN_DIR/starts.jsonl as this chief started
     stale_total: int = 0
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
+    epochs: EpochPlan | None = None  # training by epochs (chief/epochs.py): train.steps is theirs
 
     @classmethod
     def start(cls, run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
@@ -158,6 +161,8 @@ class TrainingRun:
         stop_point(stop)
         job = load_job(train.job)
         source = train_source(job, run_dir, train)  # built again on each worker from its own files
+        if epochs := epoch_plan(train, *pass_length(source)):
+            train = epochs.resolve(train)  # in steps from here on, on both engines alike
         evaluation = eval_set(job, source.first)
         sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
         startup.mark("job and data")
@@ -181,7 +186,7 @@ class TrainingRun:
             log.info("resumed from %s at step %d", checkpoints.latest, first)
         engine.prepare(first)
         startup.mark("restore and prepare")
-        progress = Progress(train.steps, first, tty=TaskEnv.from_env().tty)
+        progress = Progress(train.steps, first, tty=TaskEnv.from_env().tty, epochs=epochs)
         run = cls(
             run_dir,
             train,
@@ -201,6 +206,7 @@ class TrainingRun:
             first,
             startup,
             starts,
+            epochs=epochs,
         )
         progress.message(run.banner(standalone))
         return run
@@ -212,6 +218,7 @@ class TrainingRun:
             f"pstrain: {'standalone' if standalone else 'cluster'} run of {self.job.spec}, steps {self.first_step}..{t.steps}, "
             f"global batch {t.global_batch_size} = {t.replicas_to_aggregate} x {t.slot_batch_size}"
             + (f", {backups} backup" if backups else "")
+            + (f", {self.epochs.epochs} epochs of {self.epochs.steps_per_epoch} steps" if self.epochs else "")
         )
 
     def record(self, first: int, results: list[StepResult], seconds: float) -> None:
@@ -244,7 +251,8 @@ class TrainingRun:
                     **({"skipped": result.nonfinite} if not result.applied else {}),
                     **({"timing": {k: round(v, 6) for k, v in result.timing.items()}} if result.timing else {}),
                     **({"read_ahead": result.read_ahead} if result.read_ahead is not None else {}),
-                    **({"epoch": result.epoch} if result.epoch is not None else {}),
+                    **({"epoch": self.epochs.epoch_of(step)} if self.epochs else {}),
+                    **({"epoch": result.epoch} if result.epoch is not None and not self.epochs else {}),
                     **({"reread": result.reread} if result.reread is not None else {}),
                 }
             )
@@ -264,17 +272,18 @@ class TrainingRun:
             self.checkpoints.save(done)
             self.metrics.flush()  # TensorBoard events on disk with each checkpoint
 
-    def maybe_evaluate(self, done: int) -> None:
+    def maybe_evaluate(self, done: int) -> dict[str, float] | None:
         """Every `eval_every` steps: evaluate the model after `done` steps (the training state itself, read
         from the ps; the chief's mirror where it keeps one), training waiting as long as this takes, and
         write an eval line."""
         every = self.train.eval_every
         if not every or done % every:
-            return
+            return None
         self.checkpoints.sync()
         scores = evaluate(self.job, self.checkpoints.model(), self.eval_set)
         self.metrics.write({"event": "eval", "step": done, **scores})
         log.info("eval at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+        return scores
 
     def stop_with_checkpoint(self, done: int, stop: StopTrap, standalone: bool) -> int:
         """Save the state after `done` applied steps (none to save when no step ran); say so and exit as the
@@ -287,11 +296,12 @@ class TrainingRun:
         say_stopped(stop, checkpoint, "saved" if trained else "start-up", standalone, self.progress.message)
         return stop.exit_code
 
-    def finish(self) -> int:
-        """Final checkpoint, evaluation of the trained weights, SavedModel export, the done line."""
+    def finish(self, steps: int) -> int:
+        """Final checkpoint after `steps` (train.steps, fewer where a callback stopped the run), evaluation
+        of the trained weights, SavedModel export, the done line."""
         self.stale_total += self.engine.close()
-        if self.first_step < self.train.steps:
-            self.checkpoints.save(self.train.steps)
+        if self.first_step < steps:
+            self.checkpoints.save(steps)
         final = self.checkpoints.model()  # the weights just saved (or restored): the state itself, or the mirror
         scores = evaluate(self.job, final, self.eval_set)
         exported = serving_model(self.checkpoints, self.job, self.sample)
@@ -303,7 +313,7 @@ class TrainingRun:
                 f"from {self.checkpoints.latest} (tf.train.Checkpoint(model=model_fn()).restore on a machine that holds it)"
             )
         times = run_times(self.starts, time.time())
-        done = {"event": "done", "steps": self.train.steps, **scores, "stale_dropped_total": self.stale_total}
+        done = {"event": "done", "steps": steps, **scores, "stale_dropped_total": self.stale_total}
         self.metrics.write({**done, **done_fields(times), "peak_rss_mib": peak_rss_mib()})
         self.metrics.close()
         summary = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
@@ -337,13 +347,15 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -
     except StoppedDuringStartup:
         say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone)
         return stop.exit_code
+    train, callbacks = run.train, fit_callbacks(run)  # train: with train.epochs, in steps
+    callbacks.begin(run.first_step)
     step, step_seconds = run.first_step, None
     while step < train.steps:
         if stop.requested:  # before each block: a stop never waits for one to run
             log.info("stop noticed at step %d, between blocks", step)
             return run.stop_with_checkpoint(step, stop, standalone)
         t0 = time.monotonic()
-        count = block_length(step, train, run.first_step, step_seconds)
+        count = callbacks.cut(step, block_length(step, train, run.first_step, step_seconds))
         if step == run.first_step:
             log.info("first block starting at step %d (%d steps)", step, count)
         results = run.engine.run(step, count, interrupted=lambda: stop.requested)
@@ -353,10 +365,13 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -
         step_seconds = seconds / max(len(results), 1) if step > run.first_step else None
         step += len(results)
         run.maybe_checkpoint(step)
-        run.maybe_evaluate(step)
+        if callbacks.after_block(step - len(results), [r.loss for r in results], run.maybe_evaluate(step)):
+            run.progress.message(f"pstrain: a callback set stop_training: the run ends after step {step} of {train.steps}")
+            break
     if stop.requested:
         return run.stop_with_checkpoint(step, stop, standalone)
-    return run.finish()
+    callbacks.end(step)
+    return run.finish(step)
 
 
 def last_line(message: str) -> str:

@@ -15,7 +15,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
-from cluster.config import Config, check_job_module, load_toml, parse_address, resolve, with_train
+from cluster.config import Config, check_job_module, every_flag, load_toml, parse_address, resolve, with_train
 from cluster.control.security import Credentials, load_token
 from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
 from cluster.rundir import default_run_dir
@@ -26,13 +26,14 @@ from cluster.tfconfig import forget_tf_config, named_task_type, tf_config_text
 TRAIN_FLAGS = (
     ("--job", str, "job module: package.module or package.module:attr"),
     ("--steps", int, "training steps (applied updates)"),
+    ("--epochs", int, "passes over the training set, as Keras's fit(epochs=N); instead of --steps"),
     ("--global-batch-size", int, "examples per step, split evenly over the aggregated gradients"),
     ("--replicas-to-aggregate", int, "gradients averaged into each step (default: number of workers)"),
     ("--total-num-replicas", int, "gradients computed per step; more than aggregated = backup workers"),
     ("--seed", int, "seed for initial weights and data order"),
     ("--run-dir", str, "run directory (default runs/<job>-<timestamp>); the same dir resumes"),
-    ("--checkpoint-every", int, "checkpoint every K steps (0: only at the end)"),
-    ("--eval-every", int, "evaluate on the job's eval_data every K steps (0: only at the end)"),
+    ("--checkpoint-every", every_flag, "checkpoint every K steps (0: only at the end), or 'epoch'"),
+    ("--eval-every", every_flag, "evaluate on the job's eval_data every K steps (0: only at the end), or 'epoch'"),
     ("--startup-timeout", float, "seconds to wait for every TF server to accept connections"),
     ("--shuffle", str, "data order: permutation (default) or index_shuffle (stateless, for very large data sets)"),
     ("--steps-per-execution", int, "steps each worker runs per dispatch from the chief (default 64; 1: one per step)"),

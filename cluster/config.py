@@ -20,6 +20,7 @@ __all__ = ["ConfigError"]  # re-exported: the config's own error
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_JOB = "chief.jobs.digits"
 AUTO = "auto"
+EPOCH = "epoch"  # train.eval_every / checkpoint_every: at every epoch's end (with train.epochs)
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,14 @@ class TrainConfig:
     """What to train and how; the fields of the ``[train]`` section."""
 
     job: str = DEFAULT_JOB
-    steps: int = 300
+    steps: int = 300  # with `epochs`: set by the chief from the data's length (chief/epochs.py)
+    epochs: int = 0  # passes over the training set (0: train `steps`); Keras's fit(epochs=...)
     global_batch_size: int = 64
     replicas_to_aggregate: int = 0  # 0: the number of workers
     total_num_replicas: int = 0  # 0: replicas_to_aggregate (no backup workers)
     seed: int = 0
-    checkpoint_every: int = 100
-    eval_every: int = 0  # evaluate on eval_data() every K steps (0: only at the end)
+    checkpoint_every: int | str = 100  # K steps, or "epoch" (with epochs)
+    eval_every: int | str = 0  # evaluate on eval_data() every K steps (0: only at the end), or "epoch"
     run_dir: str = ""  # empty: runs/<job>-<timestamp>
     startup_timeout: float = 60.0  # seconds to wait for every TF server to accept connections
     shuffle: str = "permutation"  # data order: "permutation" (NumPy, O(N)) or "index_shuffle" (stateless, O(batch))
@@ -282,6 +284,9 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
     if not isinstance(job, str) or not job.strip():
         raise ConfigError(f"train.job: expected 'package.module' or 'package.module:attr', got {job!r}")
     steps = _int("train.steps", raw.get("steps", defaults.steps), 1)
+    epochs = _int("train.epochs", raw.get("epochs", 0), 0)
+    if epochs and "steps" in raw:
+        raise ConfigError("train.steps and train.epochs: give one of them (--steps N or --epochs N), not both")
     batch = _int("train.global_batch_size", raw.get("global_batch_size", defaults.global_batch_size), 1)
     replicas = (
         _int("train.replicas_to_aggregate", raw.get("replicas_to_aggregate", defaults.replicas_to_aggregate), 0) or num_workers
@@ -298,8 +303,8 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
             f"use a multiple of {replicas}"
         )
     seed = _int("train.seed", raw.get("seed", defaults.seed), 0)
-    every = _int("train.checkpoint_every", raw.get("checkpoint_every", defaults.checkpoint_every), 0)
-    eval_every = _int("train.eval_every", raw.get("eval_every", defaults.eval_every), 0)
+    every = _every("train.checkpoint_every", raw.get("checkpoint_every", defaults.checkpoint_every), epochs)
+    eval_every = _every("train.eval_every", raw.get("eval_every", defaults.eval_every), epochs)
     run_dir = raw.get("run_dir", defaults.run_dir)
     if not isinstance(run_dir, str):
         raise ConfigError(f"train.run_dir: expected a path, got {run_dir!r}")
@@ -316,6 +321,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
     return TrainConfig(
         job=job.strip(),
         steps=steps,
+        epochs=epochs,
         global_batch_size=batch,
         replicas_to_aggregate=replicas,
         total_num_replicas=total,
@@ -328,6 +334,22 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         steps_per_execution=per_execution,
         on_nonfinite=nonfinite,
     )
+
+
+def _every(name: str, value: Any, epochs: int) -> int | str:
+    """A step count >= 0, or "epoch" (training by epochs only)."""
+    if value == EPOCH:
+        if not epochs:
+            raise ConfigError(f'{name}: "epoch" needs train.epochs (--epochs N); give a step count, or train by epochs')
+        return EPOCH
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f'{name}: expected a step count or "epoch", got {value!r}')
+    return _int(name, value, 0)
+
+
+def every_flag(text: str) -> int | str:
+    """--eval-every / --checkpoint-every: an integer or "epoch" (validated with the config)."""
+    return EPOCH if text == EPOCH else int(text)
 
 
 def is_loopback(host: str) -> bool:

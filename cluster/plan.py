@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cluster.config import ClusterConfig
 from cluster.task import TaskId
+from cluster.taskenv import TaskEnv
 from cluster.tfconfig import TF_CONFIG_ENV, task_tf_config
 
 # Every task: fail fast on unreachable peers so ClusterCoordinator can retry (TF's PS tutorial),
@@ -56,7 +57,7 @@ def gpu_env(cluster: ClusterConfig, index: int) -> dict[str, str]:
     if gpu is None:
         return {}
     if cluster.worker_gpu_memory_mb:
-        return {"PSTRAIN_GPU_MEMORY_MB": str(cluster.worker_gpu_memory_mb)}
+        return TaskEnv(gpu_memory_mb=str(cluster.worker_gpu_memory_mb)).to_env()
     shared = len(gpu_sharers(cluster)[(cluster.workers[index].rsplit(":", 1)[0], gpu)]) > 1
     return {"TF_FORCE_GPU_ALLOW_GROWTH": "true"} if shared else {}
 

@@ -1,7 +1,7 @@
 """Pure failure policy: what the launcher does when a task exits. Decisions only; no processes, no sleeps.
 
 Modelled on Ray Train's `FailurePolicy.make_decision`: the supervisor gathers facts, asks here, and
-carries the answer out. Tested without processes (tests/test_policy.py).
+carries the answer out. Tested without processes (tests/cluster/test_policy.py).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ TLS_CA_ENV = "PSTRAIN_TLS_CA"
 PARENT_ENV = "PSTRAIN_PARENT_PID"
 READY_ENV = "PSTRAIN_READY_FILE"  # the chief connects to the cluster once this file exists
 TTY_ENV = "PSTRAIN_TTY"
+GPU_MEMORY_ENV = "PSTRAIN_GPU_MEMORY_MB"  # a worker's GPU memory limit (cluster/plan.py gpu_env)
 # Switches a user sets (no launcher hands them on): Switches.
 READ_AHEAD_ENV = "PSTRAIN_READ_AHEAD"
 LOG_PLACEMENT_ENV = "PSTRAIN_LOG_DEVICE_PLACEMENT"
@@ -51,6 +52,7 @@ class TaskEnv:
     parent_pid: int | None = None  # the supervisor: the task dies with it (Linux)
     ready_file: str = ""  # the chief only: connect to the cluster once this file exists
     tty: bool = False  # the chief only: the launcher's stdout is a terminal (a redrawn progress bar)
+    gpu_memory_mb: str = ""  # a worker on a shared GPU: its server's limit in MiB (worker/server.py checks it)
 
     @classmethod
     def for_config(cls, config: Config, token: str, tls_ca: str = "") -> TaskEnv:
@@ -85,6 +87,8 @@ class TaskEnv:
             env[READY_ENV] = self.ready_file
         if self.tty:
             env[TTY_ENV] = "1"
+        if self.gpu_memory_mb:
+            env[GPU_MEMORY_ENV] = self.gpu_memory_mb
         return env
 
     @classmethod
@@ -102,6 +106,7 @@ class TaskEnv:
             parent_pid=int(parent) if parent else None,
             ready_file=env.get(READY_ENV, ""),
             tty=env.get(TTY_ENV) == "1",
+            gpu_memory_mb=env.get(GPU_MEMORY_ENV, ""),
         )
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 PROOF = (
-    "tests/test_two_machines.py",  # docs/two-machines.md
-    "tests/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
-    "tests/test_ray_two_nodes.py",  # docs/ray.md: a Ray cluster of two nodes
-    "tests/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
-    "tests/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
-    "tests/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",
-    "tests/test_faults.py::test_a_disk_that_refuses_writes_stops_with_one_line_and_the_last_checkpoint_intact",  # docs/faults.md
+    "tests/system/test_two_machines.py",  # docs/two-machines.md
+    "tests/system/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
+    "tests/system/test_ray_two_nodes.py",  # docs/ray.md: a Ray cluster of two nodes
+    "tests/system/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
+    "tests/system/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
+    "tests/system/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",
+    # docs/faults.md
+    "tests/system/test_faults.py::test_a_disk_that_refuses_writes_stops_with_one_line_and_the_last_checkpoint_intact",
 )
 
 

@@ -15,7 +15,7 @@ workers, one at a time, each once the run has moved on since the last:
 Then it checks that the run ended with exit 0 and every step logged once, that its final checkpoint
 equals the fault-free (standalone) run's bit for bit, and that no process it or pstrain started is
 left (psutil, by pid). It prints a short report and exits 1 when a check failed.
-`tests/test_faults.py::test_soak_…` runs the same code with a few faults on a short run.
+`tests/system/test_faults.py::test_soak_…` runs the same code with a few faults on a short run.
 """
 
 from __future__ import annotations

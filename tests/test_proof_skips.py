@@ -8,15 +8,19 @@ from tests.proof import PROOF, covers, unallowed_skips
 
 pytestmark = pytest.mark.pure
 
-SLURM = "tests/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes"
+SLURM = "tests/system/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes"
 
 
 def test_a_skipped_proof_test_is_reported_unless_allowed():
-    skipped = [SLURM, "tests/test_two_machines.py::test_x[a]", "tests/test_worker_data.py::test_big_array_set_trains"]
+    skipped = [
+        SLURM,
+        "tests/system/test_two_machines.py::test_x[a]",
+        "tests/system/test_worker_data.py::test_big_array_set_trains",
+    ]
     assert unallowed_skips(skipped, "") == sorted(skipped[:2])
-    assert unallowed_skips(skipped, f" {SLURM} ,tests/test_two_machines.py") == []
-    assert unallowed_skips(skipped, "tests/test_two_machines.py::test_x") == [SLURM]  # its parameters included
-    assert unallowed_skips(skipped, "tests/test_slurm.py::test_real") == sorted(skipped[1:2] + [SLURM])  # no prefix match
+    assert unallowed_skips(skipped, f" {SLURM} ,tests/system/test_two_machines.py") == []
+    assert unallowed_skips(skipped, "tests/system/test_two_machines.py::test_x") == [SLURM]  # its parameters included
+    assert unallowed_skips(skipped, "tests/system/test_slurm.py::test_real") == sorted(skipped[1:2] + [SLURM])  # no prefix match
 
 
 def test_every_proof_test_exists():

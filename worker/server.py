@@ -31,11 +31,11 @@ def gpu_memory_fn(tf: tf_runtime.Runtime) -> Callable[[], int]:
     return lambda: int(tf.get_memory_info("GPU:0")["current"])
 
 
-def server_config(env: dict[str, str]):
-    """The server's ConfigProto: its one visible GPU limited to $PSTRAIN_GPU_MEMORY_MB MiB (workers that
+def server_config(task: TaskEnv):
+    """The server's ConfigProto: its one visible GPU limited to `task.gpu_memory_mb` MiB (workers that
     share a GPU, cluster.worker_gpu_memory_mb), or None (TensorFlow's default, or memory growth by
     TF_FORCE_GPU_ALLOW_GROWTH)."""
-    text = env.get("PSTRAIN_GPU_MEMORY_MB", "")
+    text = task.gpu_memory_mb
     if not text:
         return None
     if not text.isdigit() or int(text) <= 0:
@@ -71,7 +71,7 @@ def serve() -> int:
         os.environ.get("CUDA_VISIBLE_DEVICES"),
         devices,
     )
-    config = server_config(dict(os.environ))
+    config = server_config(TaskEnv.from_env())
     server = tf.Server(tf.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
     log.info("%s:%d serving at %s", task_type, index, server.target)
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))

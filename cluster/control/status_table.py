@@ -45,7 +45,8 @@ def format_status(status: dict) -> str:
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
     window = status.get("restart_window_s", 0.0)
     budget = f"; restarts: at most {status.get('max_restarts', 0)} per task in {window / 60:g} min" if window else ""
-    lines = [f"cluster {status['state']}, step {status['step']}/{status['total_steps']}{budget}"]
+    total = f"/{status['total_steps']}" if status["total_steps"] else ""  # 0: by epochs, counted by the chief
+    lines = [f"cluster {status['state']}, step {status['step']}{total}{budget}"]
     lines.append("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip())
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)

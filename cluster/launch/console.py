@@ -1,4 +1,5 @@
-"""What of a task's output reaches the launcher's console: pstrain's own lines and its progress bar.
+"""The launcher's console: its own lines (`say`, `say_stopped`), and what of a task's output reaches it
+(pstrain's own lines and its progress bar).
 
 Everything else a task prints (TensorFlow's C++ log lines such as `I0000 ... oneDNN custom
 operations are on` or `E0000 ... failed call to cuInit`, absl and Python warnings, a job's own
@@ -8,6 +9,11 @@ prints, tracebacks) stays in the task's log file only (the supervisor writes eve
 from __future__ import annotations
 
 import re
+import sys
+
+from cluster.errors import report
+from cluster.stop import StopTrap
+from cluster.stop_report import stop_outcome
 
 _PLAIN_PROGRESS = re.compile(r"step \d+/\d+ ")
 _BAR = re.compile(r"\[[#.]*\] step \d+/\d+ ")
@@ -59,3 +65,18 @@ class ConsoleFilter:
             return b""
         self._bar_open = piece.startswith(b"\r") and piece.endswith(ERASE_LINE)
         return piece
+
+
+def say(text: str, error: bool = False, warning: bool = False) -> None:
+    """A launcher line on the console: progress to stdout, problems (errors; warnings of a recovery) to stderr."""
+    if error:
+        report(text)
+        return
+    print(f"pstrain: {'warning: ' if warning else ''}{text}", file=sys.stderr if warning else sys.stdout, flush=True)
+
+
+def say_stopped(stop: StopTrap, checkpoint: int | None, how: str) -> int:
+    """The console line of a stopped run (cluster/stop_report.py); returns its exit code."""
+    outcome = stop_outcome(stop.cause, stop.commanded, stop.exit_code, checkpoint, how)
+    print(outcome.line, flush=True)
+    return outcome.exit_code

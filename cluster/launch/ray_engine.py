@@ -3,7 +3,7 @@
 It joins a Ray cluster (`--address auto|HOST:PORT`) or starts a local one on 127.0.0.1, reserves the
 whole cluster at once with one placement group (cluster/launch/ray_plan.py), starts one TaskHost actor
 per task in its bundle, builds TF_CONFIG from the address and free port each reports, checks that
-every node sees the run dir, and runs the launcher's control plane and Supervision over the actors
+every node sees the run dir, and runs the launcher's control plane and ClusterWatch over the actors
 (cluster/launch/ray_supervisor.py). A lost node ends that placement: the tasks are placed again and
 the chief resumes from its checkpoint. Everything, Ray's own processes of a local Ray included, is
 stopped on the way out.

@@ -1,8 +1,8 @@
 """The launcher's Supervisor over Ray actors: each task's process runs in its TaskHost actor on the
-node Ray placed it on, and the launcher's Supervision watches, signals and restarts it through a
-Popen-like handle. A task whose actor is gone (its node lost) cannot be restarted in place: the first
-poll that finds it so raises NodeLost, out of the Supervision, to the engine that places the cluster
-again (cluster/launch/ray_engine.py)."""
+node Ray placed it on, and the launcher's ClusterWatch (watch.py) watches, signals and restarts it
+through a Popen-like handle. A task whose actor is gone (its node lost) cannot be restarted in place:
+the first poll that finds it so raises NodeLost, out of the watch, to the engine that places the
+cluster again (cluster/launch/ray_engine.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Measures the fitting runs (`--measure`, as `pstrain plan` does) and the `--check
 fits the model on the fitting runs only, and prints each run's measured step against the model's, with
 every task sharing the cores the fitting runs kept busy (`pstrain plan --cores here --bandwidth
 loopback`). Then the plan for `--workers` at `--bandwidth`, a machine per task. Its CI check is
-tests/test_plan_validation.py, which runs the same measurement, fit and prediction.
+tests/cluster/forecast/test_plan_validation.py, which runs the same measurement, fit and prediction.
 """
 
 from __future__ import annotations

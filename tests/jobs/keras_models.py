@@ -1,4 +1,4 @@
-"""Jobs written the way Keras users write them, for tests/test_keras_models.py (tiny data, few steps).
+"""Jobs written the way Keras users write them, for tests/system/test_keras_models.py (tiny data, few steps).
 
 `Mixed` exercises several features in one run (so CI pays for one cluster): a functional model with
 a dict of named inputs, a CNN branch with random augmentation, GaussianNoise and BatchNormalization,

@@ -1,4 +1,4 @@
-"""The job matrix (tests/test_job_matrix.py): one tiny job in every data form, with and without sample
+"""The job matrix (tests/chief/test_job_matrix.py): one tiny job in every data form, with and without sample
 weights, with one output or two, compiled or not, named `--job tests.jobs.matrix:<form>_<w|u>_<1|2>_<c|p>`
 (w: weighted, u: unweighted; 1/2 outputs; c: compiled, p: plain job attributes).
 
