@@ -1,7 +1,9 @@
 """The one stop trap: SIGINT/SIGTERM (or a programmatic request) become "stop at the next safe point".
 
 Used by the launcher, `pstrain node` and the chief. Handlers are installed on entry and the previous
-ones restored on exit, so nesting and tests in one process stay clean.
+ones restored on exit, so nesting and tests in one process stay clean. The stop signals are unblocked
+in the entering thread for as long: a process may start with them blocked (a task under a Ray actor
+inherits Ray's blocked SIGINT), and a blocked signal never reaches its handler.
 """
 
 from __future__ import annotations
@@ -24,15 +26,27 @@ class StopTrap:
         self.cause = ""  # what asked for the stop, as the console says it: "Ctrl-C", "SIGTERM", "pstrain stop from HOST"
         self.commanded = False  # asked for by a command (`pstrain stop`), not by a signal to this process
         self._previous: dict[int, object] = {}
+        self._mask: set[signal.Signals] = set()
 
     def __enter__(self) -> StopTrap:
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+        self.rearm(self._previous)
         self._previous = {}
+
+    def handlers(self) -> dict[int, object]:
+        """The handlers now installed for the stop signals (for `rearm` after a library replaced them)."""
+        return {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    @staticmethod
+    def rearm(handlers: dict[int, object]) -> None:
+        """Install `handlers` again (Ray's `ray.init` replaces the SIGTERM handler with its own exit)."""
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.request(signum)

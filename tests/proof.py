@@ -1,5 +1,5 @@
 """The tests the docs cite as proof of what cannot be checked in one process on one machine: two machines,
-Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
+Ray, Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ PROOF = (
     "tests/system/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
     # docs/embeddings.md: a ps that cannot reach the checkpoint directory
     "tests/system/test_unshared_checkpoints.py::test_a_ps_without_the_run_dir_checkpoints_through_the_chief_and_ends_as_standalone",
+    "tests/system/test_ray_two_nodes.py",  # docs/ray.md: a Ray cluster of two nodes
     "tests/system/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
     "tests/system/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
     "tests/system/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",

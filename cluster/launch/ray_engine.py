@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cluster import rundir
-from cluster.config import ClusterConfig, Config, ConfigError, format_address, with_train
+from cluster.config import ClusterConfig, Config, ConfigError, format_address, parse_address, with_train
 from cluster.errors import PstrainError
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import credentials, launch_locked, say, say_stopped
@@ -44,6 +45,7 @@ from cluster.stop import StopTrap
 from cluster.task import TaskId
 
 WAIT_SLICE_S = 0.5  # how often a wait for Ray checks for a stop
+PROBE_TIMEOUT_S = 3.0  # a TCP connect to --address before Ray's own (which retries for 20 s)
 DEFAULT_RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # Ray's token authentication: its default token file
 
 
@@ -52,6 +54,10 @@ def import_ray(address: str) -> Any:
     if not address or loopback_address(address):
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's single-machine mode: loopback only
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    token = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    has_token = any(os.environ.get(n) for n in token) or DEFAULT_RAY_TOKEN.exists()
+    if address and "RAY_AUTH_MODE" not in os.environ and has_token:
+        os.environ["RAY_AUTH_MODE"] = "token"  # as `ray start` does where a token exists; read when Ray loads
     try:
         import ray
     except ImportError:
@@ -59,14 +65,22 @@ def import_ray(address: str) -> Any:
     return ray
 
 
-def connect(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
+def connect(ray: Any, cluster: ClusterConfig, cpus: int, stop: StopTrap) -> None:
     """Join the Ray cluster at `cluster.ray_address`, or start a local one (loopback, no dashboard,
-    `cpus` logical CPUs: one per task) that this driver owns and `ray.shutdown()` stops."""
+    `cpus` logical CPUs: one per task) that this driver owns and `ray.shutdown()` stops. `stop`'s
+    handlers stay: `ray.init` puts a SIGTERM handler of its own (an abrupt exit) in their place."""
+    handlers = stop.handlers()
+    try:
+        join_or_start(ray, cluster, cpus)
+    finally:
+        stop.rearm(handlers)
+
+
+def join_or_start(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
     common = {"log_to_driver": False, "configure_logging": False}
     if cluster.ray_address:
-        token = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-        if "RAY_AUTH_MODE" not in os.environ and (any(os.environ.get(n) for n in token) or DEFAULT_RAY_TOKEN.exists()):
-            os.environ["RAY_AUTH_MODE"] = "token"  # as `ray start` does where a token exists
+        if cluster.ray_address != "auto":
+            check_answers(cluster.ray_address)
         try:
             ray.init(address=cluster.ray_address, **common)
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -76,6 +90,20 @@ def connect(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
     from cluster.launch.gpus import gpu_count
 
     ray.init(num_cpus=cpus, num_gpus=gpu_count(), include_dashboard=False, **common)
+
+
+def check_answers(address: str) -> None:
+    """Refuse at once, in one line, an --address where nothing accepts a connection (Ray's own connect
+    retries for 20 s and logs every try)."""
+    host, port = parse_address("--address", address)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        why = e.strerror or type(e).__name__.replace("Error", "").lower() or "no answer"
+        raise ConfigError(
+            f"--address: nothing answers at {address} ({why}); give the Ray head's HOST:PORT "
+            f"(`ray start --head --port={port}` prints it), or leave --address out to start a local Ray"
+        ) from None
 
 
 def wait_for(ray: Any, refs: list, timeout: float, stop: StopTrap) -> list | None:
@@ -162,7 +190,7 @@ def launch_ray(config: Config) -> int:
     ray = import_ray(cluster.ray_address)
     tasks = tasks_of(cluster)
     with StopTrap() as stop:
-        connect(ray, cluster, cpus=len(tasks))
+        connect(ray, cluster, len(tasks), stop)
         try:
             with RunDirLock(Path(config.train.run_dir), "pstrain launch") as lock:
                 return run_placements(ray, config, lock, stop)
@@ -205,8 +233,9 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
                     raise PstrainError(f"{lost}; gave up after {placement + 1} placements") from None
                 step = latest_checkpoint_step(lock.run_dir)
                 point = f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
+                wait = f"waiting up to {train.startup_timeout:g}s for room for {len(plan.bundles)} bundles, {plan.strategy}"
                 line = f"lost {lost.task} at {lost.address} (its Ray node); resuming from {point} once Ray places it again"
-                say(line, warning=True)
+                say(f"{line} ({wait})", warning=True)
             finally:
                 for host in hosts.values():
                     ray.kill(host)

@@ -1,6 +1,8 @@
 """The launcher's Supervisor over Ray actors: each task's process runs in its TaskHost actor on the
 node Ray placed it on, and the launcher's ClusterWatch (watch.py) watches, signals and restarts it
-through a Popen-like handle. A task whose actor is gone (its node lost) cannot be restarted in place: NodeLost."""
+through a Popen-like handle. A task whose actor is gone (its node lost) cannot be restarted in place:
+the first poll that finds it so raises NodeLost, out of the watch, to the engine that places the
+cluster again (cluster/launch/ray_engine.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,8 +35,8 @@ class NodeLost(PstrainError):
 class RemoteProcess:
     """The parts of subprocess.Popen the launcher uses, for a process that a TaskHost actor runs."""
 
-    def __init__(self, ray: Any, host: Any, pid: int, args: list[str]):
-        self.ray, self.host, self.pid, self.args = ray, host, pid, args
+    def __init__(self, ray: Any, host: Any, pid: int, args: list[str], on_lost: Callable[[], None] = lambda: None):
+        self.ray, self.host, self.pid, self.args, self.on_lost = ray, host, pid, args, on_lost
         self.returncode: int | None = None
         self.lost = False  # the actor died: the process died with it (SIGKILL reported)
         self._next_poll = 0.0
@@ -47,6 +50,7 @@ class RemoteProcess:
                 pass  # unreachable for now; Ray says when it is gone for good
             except self.ray.exceptions.RayActorError:
                 self.returncode, self.lost = -signal.SIGKILL, True
+                self.on_lost()
             except self.ray.exceptions.GetTimeoutError:
                 pass
         return self.returncode
@@ -72,11 +76,22 @@ class RemoteProcess:
 
 class RaySupervisor(Supervisor):
     """Starts each task in its own actor (`hosts`); logs are written by the task on its node into the
-    shared run dir, and the chief's (`echo`) is followed from there to the console."""
+    shared run dir, and the chief's (`echo`) is followed from there to the console. The first task
+    found lost raises NodeLost (once: the stop that follows sees the others as killed)."""
 
     def __init__(self, ray: Any, log_dir: Path, hosts: dict[TaskId, Any]):
         super().__init__(log_dir)
         self.ray, self.hosts = ray, hosts
+        self.armed = True  # NodeLost not raised yet, and no stop under way
+
+    def _lost(self, plan: TaskPlan) -> None:
+        if self.armed:
+            self.armed = False
+            raise NodeLost(plan.task, plan.address)
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        self.armed = False
+        super().stop_all(grace_s)
 
     def start(self, plan: TaskPlan, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{plan.task.log_name}.log"
@@ -85,8 +100,9 @@ class RaySupervisor(Supervisor):
         try:
             pid = self.ray.get(host.start.remote(plan, argv, dict(extra_env or {})), timeout=RPC_TIMEOUT_S)
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
+            self.armed = False
             raise NodeLost(plan.task, plan.address) from None
-        process = RemoteProcess(self.ray, host, pid, argv)
+        process = RemoteProcess(self.ray, host, pid, argv, on_lost=lambda: self._lost(plan))
         child = Child(plan, process, log_path, argv, dict(extra_env or {}), echo)  # type: ignore[arg-type]
         if echo:
             child.pump = threading.Thread(target=follow, args=(log_path, offset, echo, process), daemon=True)

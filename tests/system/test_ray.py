@@ -3,14 +3,13 @@
 One Ray head (`ray start --head --block`, loopback only, no dashboard) serves the module's runs that
 join it with `--address`; one run starts its own Ray and must leave none of its processes behind.
 Each run equals `pstrain train --standalone`; a killed worker is restarted by its actor; `pstrain
-stop` checkpoints and stops; no task process and no pstrain actor outlives a run.
+stop`, Ctrl-C and SIGTERM checkpoint and stop; no task process and no pstrain actor outlives a run.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -20,73 +19,47 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 from chief.jobs import digits
 from cluster.launch.ports import free_port
-from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines, task_pid
+from tests.helpers import (
+    PSTRAIN,
+    ROOT,
+    Result,
+    alive,
+    assert_no_orphans,
+    descendant_pids,
+    metrics,
+    predictions,
+    run_pstrain,
+    step_lines,
+    task_pid,
+)
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
 pytestmark = pytest.mark.cluster
 
+from tests.ray_nodes import RAY_ENV as RAY_NODE_ENV  # noqa: E402 (after the skip)
+from tests.ray_nodes import RayNode, assert_nothing_left  # noqa: E402
+
 STEPS = 300  # long enough that a `pstrain stop` (a process of its own) lands before the end
-RAY = str(Path(sys.executable).parent / "ray")
-# Ray's one-machine mode (loopback only), and a token of the test's own for Ray's token authentication
-RAY_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "token",
-    "RAY_AUTH_TOKEN": secrets.token_hex(16),
-}
-
-
-def start_ray_head(temp_dir: str, cpus: int) -> tuple[subprocess.Popen, str]:
-    """`ray start --head --block` on 127.0.0.1; returns the process (its children are Ray's) and address."""
-    port = free_port("127.0.0.1")
-    argv = [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", f"--num-cpus={cpus}"]
-    argv += ["--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
-    env = {**os.environ, **RAY_ENV}
-    head = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = head.stdout.readline()
-        lines.append(line)
-        if "Ray runtime started" in line or not line:
-            break
-    if "Ray runtime started" not in "".join(lines):
-        head.kill()
-        head.wait()
-        pytest.fail("ray start failed:\n" + "".join(lines))
-    return head, f"127.0.0.1:{port}"
-
-
-def stop_ray(head: subprocess.Popen) -> None:
-    """SIGTERM to `ray start --block` stops the Ray processes it started; then nothing of it is left."""
-    family = {p.pid for p in psutil.Process(head.pid).children(recursive=True)}
-    head.send_signal(signal.SIGTERM)
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        head.kill()
-        head.wait()
-    for pid in family:
-        try:
-            psutil.Process(pid).kill()
-        except psutil.NoSuchProcess:
-            pass
+RAY_ENV = {**RAY_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's one-machine mode: loopback only
 
 
 @pytest.fixture(scope="module")
 def ray_head():
+    """`ray start --head --block` on 127.0.0.1 (4 CPUs, no dashboard); stopped, and reaped by pid, at the end."""
     temp_dir = tempfile.mkdtemp(prefix="pstray", dir="/tmp")  # Ray's socket paths must stay short
-    head, address = start_ray_head(temp_dir, cpus=4)
+    port = free_port("127.0.0.1")
+    argv = ["--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"]
+    head = RayNode(argv + [f"--temp-dir={temp_dir}"], Path(temp_dir) / "head.out", env=RAY_ENV)
     try:
-        yield head, address
+        yield head, f"127.0.0.1:{port}"
     finally:
-        stop_ray(head)
+        head.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not head.left(), f"Ray processes left: {[p.pid for p in head.left()]}"
 
 
 @pytest.fixture(scope="module")
@@ -110,26 +83,6 @@ def assert_equals_standalone(run_dir: Path, reference) -> None:
     np.testing.assert_allclose(predictions(run_dir, digits.eval_data()[0]), reference, atol=1e-4, rtol=0)
 
 
-def pstrain_on_ray(head: subprocess.Popen) -> list[psutil.Process]:
-    """What pstrain left under the Ray head: its TaskHost actors and any task process (a TF_CONFIG)."""
-    left = []
-    for p in psutil.Process(head.pid).children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and ("TaskHost" in p.name() or "TF_CONFIG" in p.environ()):
-                left.append(p)
-        except psutil.Error:
-            pass
-    return left
-
-
-def assert_nothing_left_on(head: subprocess.Popen, within_s: float = 20.0) -> None:
-    deadline = time.monotonic() + within_s
-    while pstrain_on_ray(head) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = pstrain_on_ray(head)
-    assert not left, f"left on the Ray node: {[(p.pid, p.name()) for p in left]}"
-
-
 def test_a_local_ray_trains_the_default_job_equal_to_standalone_and_leaves_nothing(tmp_path, reference):
     """No --address: pstrain starts Ray on 127.0.0.1 and stops every one of its processes at the end."""
     run_dir = tmp_path / "run"
@@ -149,7 +102,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_fault_free_model
 
     def kill_worker() -> bool:
         if not found:
-            pid = task_pid(head.pid, "worker", 1)  # the task runs under its actor, under Ray's raylet
+            pid = task_pid(head.process.pid, "worker", 1)  # the task runs under its actor, under Ray's raylet
             found.extend([pid] if pid else [])
         elif step_lines(run_dir) >= 30 and not killed:
             os.kill(found[0], signal.SIGKILL)
@@ -162,7 +115,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_fault_free_model
     assert "worker-1 exited (137); restarting (1 of 3)" in result.output
     assert_equals_standalone(run_dir, reference)
     assert_no_orphans(result)
-    assert_nothing_left_on(head)
+    assert_nothing_left([head])
 
 
 def test_pstrain_stop_checkpoints_and_stops_every_task(tmp_path, ray_head):
@@ -185,4 +138,62 @@ def test_pstrain_stop_checkpoints_and_stops_every_task(tmp_path, ray_head):
     assert 30 <= len(metrics(run_dir)[0]) < STEPS
     assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
     assert_no_orphans(result)
-    assert_nothing_left_on(head)
+    assert_nothing_left([head])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_checkpoints_stops_and_leaves_nothing(tmp_path, sig):
+    """SIGINT to the launcher's whole process group, as a terminal's Ctrl-C sends it (Ray's processes
+    of the Ray that pstrain started share the group), or SIGTERM to the launcher: one line, a
+    checkpoint, exit 128+N, and no process of the run, Ray's own included, left. (Ray blocks SIGINT
+    in its processes, so the chief under an actor starts with it blocked; and `ray.init` replaces
+    the launcher's SIGTERM handler.)"""
+    run_dir = tmp_path / "run"
+    out = tmp_path / "launch.out"
+    launcher = subprocess.Popen(
+        PSTRAIN + ray_args(run_dir, None),
+        cwd=ROOT,
+        env={**os.environ, **RAY_ENV},
+        stdout=open(out, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own, as a shell gives a foreground job
+    )
+    seen: set[int] = set()
+    deadline = time.monotonic() + 240
+    sent = False
+    while launcher.poll() is None and time.monotonic() < deadline:
+        seen |= descendant_pids([launcher.pid])
+        if not sent and step_lines(run_dir) >= 30:
+            os.killpg(launcher.pid, sig) if sig == signal.SIGINT else launcher.send_signal(sig)
+            sent = True
+        time.sleep(0.1)
+    if launcher.poll() is None:
+        for p in alive(seen | {launcher.pid}):
+            p.kill()
+        launcher.wait()
+        pytest.fail(f"pstrain launch did not end within 240s:\n{out.read_text()}")
+    output = out.read_text()
+    assert sent, output
+    assert launcher.returncode == 128 + sig, output
+    stopped = [line for line in output.splitlines() if line.startswith("pstrain: stopped")]
+    cause = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+    assert len(stopped) == 1 and stopped[0].startswith(f"pstrain: stopped by {cause} after step "), output
+    assert "checkpoint saved" in stopped[0], output
+    assert "Traceback" not in output and "error" not in output, output
+    assert 30 <= len(metrics(run_dir)[0]) < STEPS
+    assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
+    assert_no_orphans(Result(launcher.returncode, output, seen), within_s=20)
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once_in_one_line(tmp_path):
+    port = free_port("127.0.0.1")
+    started = time.monotonic()
+    result = run_pstrain(ray_args(tmp_path / "run", f"127.0.0.1:{port}"), timeout=60, env=RAY_ENV)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"pstrain: error: --address: nothing answers at 127.0.0.1:{port} (Connection refused); give the Ray head's "
+        f"HOST:PORT (`ray start --head --port={port}` prints it), or leave --address out to start a local Ray"
+    ], result.output
+    assert elapsed < 15, f"took {elapsed:.1f}s (Ray's own connect retries for 20s)"
+    assert_no_orphans(result)
