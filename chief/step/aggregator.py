@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from chief.step.gradients import summed_rows
+
 
 class SyncReplicasAggregator:
     """Accumulators for `total_slots` gradients per step, of which `required` are applied."""
@@ -181,7 +183,7 @@ class SyncReplicasAggregator:
         Every accumulator leaves at global step `step + 1`, so late pushes for `step` are dropped;
         an unchosen slot that received a late gradient is flushed so it cannot leak into the next step.
         A row-sparse variable's mean is `tf.IndexedSlices`: the chosen slots' rows, values divided by
-        `required` (the optimizer sums repeated rows, giving the same mean a dense variable gets).
+        `required`, each row's values summed in slot order (chief/step/gradients.py `summed_rows`).
         """
         next_step = step + 1
         means = []
@@ -222,7 +224,8 @@ class SyncReplicasAggregator:
             ]
         indices = tf.concat([p[0] for p in parts], axis=0)
         values = tf.concat([p[1] for p in parts], axis=0) / tf.cast(self.required, dtype)
-        return tf.IndexedSlices(values, indices, tf.constant(variable.shape.as_list(), tf.int64))
+        shape = tf.constant(variable.shape.as_list(), tf.int64)
+        return summed_rows(tf.IndexedSlices(values, indices, shape), shape)  # as mean_of_slots: rows once, repeatable
 
     def _take_rows(self, slot: int, i: int) -> tuple[tf.Tensor, tf.Tensor]:
         # Blocks until the slot holds this step's rows; moves the accumulator to step + 1.

@@ -46,12 +46,22 @@ def unique_rows(gradient: Gradient | None, variable) -> tf.IndexedSlices:
     if not isinstance(gradient, tf.IndexedSlices):
         rows = tf.range(tf.shape(gradient, out_type=tf.int64)[0])
         return tf.IndexedSlices(tf.convert_to_tensor(gradient), rows, shape)
+    return summed_rows(gradient, shape)
+
+
+def summed_rows(slices: tf.IndexedSlices, shape: tf.Tensor) -> tf.IndexedSlices:
+    """`slices` with each row once, its duplicates summed in the order they come, indices sorted.
+
+    Also what makes a step's update repeatable: TF's CPU scatter (ResourceScatterAdd, legacy SGD's
+    sparse update) splits more than 1,023 indices over threads, so two values for one row are added in
+    whichever order the threads reach them (the last bit differs run to run); unique rows leave no order.
+    """
     # Sorted first (stable: a row's duplicates keep their order), then summed by runs: a sorted segment
     # sum, which costs less than an unsorted one followed by a sort of its rows.
-    indices = tf.cast(gradient.indices, tf.int64)
+    indices = tf.cast(slices.indices, tf.int64)
     order = tf.argsort(indices, stable=True)
     rows, runs = tf.unique(tf.gather(indices, order))
-    return tf.IndexedSlices(tf.math.segment_sum(tf.gather(gradient.values, order), runs), rows, shape)
+    return tf.IndexedSlices(tf.math.segment_sum(tf.gather(slices.values, order), runs), rows, shape)
 
 
 def replica_gradients(grads: Sequence[Gradient | None], variables, sparse: Sequence[bool]) -> list[Gradient]:
@@ -68,13 +78,14 @@ def replica_gradients(grads: Sequence[Gradient | None], variables, sparse: Seque
 
 def mean_of_slots(per_slot: Sequence[Sequence[Gradient]], count: int) -> list[Gradient]:
     """The mean over `count` slots: dense gradients averaged; row slices joined (slot 0 first) with
-    values divided by `count`, so the optimizer's sum over repeated rows gives the same mean a dense
-    variable gets (a row touched by one slot weighs 1/count, not 1)."""
+    values divided by `count`, then each row's values summed in slot order (`summed_rows`), so a row
+    gets the same mean a dense variable gets (a row touched by one slot weighs 1/count, not 1)."""
     means: list[Gradient] = []
     for grads in zip(*per_slot, strict=True):
         if isinstance(grads[0], tf.IndexedSlices):
             values = tf.concat([g.values for g in grads], axis=0) / tf.cast(count, grads[0].values.dtype)
-            means.append(tf.IndexedSlices(values, tf.concat([g.indices for g in grads], axis=0), grads[0].dense_shape))
+            joined = tf.IndexedSlices(values, tf.concat([g.indices for g in grads], axis=0), grads[0].dense_shape)
+            means.append(summed_rows(joined, grads[0].dense_shape))
         else:
             means.append(tf.add_n(list(grads)) / tf.cast(count, grads[0].dtype))
     return means
