@@ -1,20 +1,15 @@
-"""`pstrain launch --engine ray` on real Ray processes, all on 127.0.0.1.
-
-One Ray head (`ray start --head --block`, loopback only, no dashboard) serves the module's runs that
-join it with `--address`; one run starts its own Ray and must leave none of its processes behind.
-Each run equals `pstrain train --standalone`; a killed worker is restarted by its actor; `pstrain
-stop`, Ctrl-C and SIGTERM checkpoint and stop; no task process and no pstrain actor outlives a run.
+"""`pstrain launch --engine ray` on real Ray processes, all on 127.0.0.1: a Ray that pstrain starts
+itself (the run equals `pstrain train --standalone` and leaves none of Ray's processes behind), Ctrl-C
+and SIGTERM (a checkpoint, one line, nothing left), and an `--address` where nothing answers. A Ray
+cluster joined by `--address` (a killed worker restarted, `pstrain stop`, a node lost) is proved on two
+nodes: tests/system/test_ray_two_nodes.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,32 +29,15 @@ from tests.helpers import (
     predictions,
     run_pstrain,
     step_lines,
-    task_pid,
 )
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
 pytestmark = pytest.mark.cluster
 
 from tests.ray_nodes import RAY_ENV as RAY_NODE_ENV  # noqa: E402 (after the skip)
-from tests.ray_nodes import RayNode, assert_nothing_left  # noqa: E402
 
 STEPS = 300  # long enough that a `pstrain stop` (a process of its own) lands before the end
 RAY_ENV = {**RAY_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's one-machine mode: loopback only
-
-
-@pytest.fixture(scope="module")
-def ray_head():
-    """`ray start --head --block` on 127.0.0.1 (4 CPUs, no dashboard); stopped, and reaped by pid, at the end."""
-    temp_dir = tempfile.mkdtemp(prefix="pstray", dir="/tmp")  # Ray's socket paths must stay short
-    port = free_port("127.0.0.1")
-    argv = ["--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"]
-    head = RayNode(argv + [f"--temp-dir={temp_dir}"], Path(temp_dir) / "head.out", env=RAY_ENV)
-    try:
-        yield head, f"127.0.0.1:{port}"
-    finally:
-        head.stop()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    assert not head.left(), f"Ray processes left: {[p.pid for p in head.left()]}"
 
 
 @pytest.fixture(scope="module")
@@ -92,53 +70,6 @@ def test_a_local_ray_trains_the_default_job_equal_to_standalone_and_leaves_nothi
     assert "Traceback" not in result.output
     assert_equals_standalone(run_dir, reference)
     assert_no_orphans(result, within_s=20)  # Ray's head processes, its actors and the tasks
-
-
-def test_a_killed_worker_is_restarted_and_the_run_ends_with_the_fault_free_model(tmp_path, ray_head, reference):
-    head, address = ray_head
-    run_dir = tmp_path / "run"
-    killed: list[int] = []
-    found: list[int] = []
-
-    def kill_worker() -> bool:
-        if not found:
-            pid = task_pid(head.process.pid, "worker", 1)  # the task runs under its actor, under Ray's raylet
-            found.extend([pid] if pid else [])
-        elif step_lines(run_dir) >= 30 and not killed:
-            os.kill(found[0], signal.SIGKILL)
-            killed.append(found[0])
-        return False
-
-    result = run_pstrain(ray_args(run_dir, address), timeout=240, signal_when=kill_worker, send=None, env=RAY_ENV)
-    assert result.returncode == 0, result.output
-    assert killed, "worker 1 was killed mid-run"
-    assert "worker-1 exited (137); restarting (1 of 3)" in result.output
-    assert_equals_standalone(run_dir, reference)
-    assert_no_orphans(result)
-    assert_nothing_left([head])
-
-
-def test_pstrain_stop_checkpoints_and_stops_every_task(tmp_path, ray_head):
-    head, address = ray_head
-    run_dir = tmp_path / "run"
-    stopped: list[subprocess.CompletedProcess] = []
-
-    def stop_once_training() -> bool:
-        if step_lines(run_dir) >= 30 and not stopped:
-            holder = json.loads((run_dir / "pstrain.lock").read_text())
-            argv = [sys.executable, "-m", "cluster.cli", "stop", "--chief", holder["control"]]
-            argv += ["--token-file", str(run_dir / "control.token")]
-            stopped.append(subprocess.run(argv, capture_output=True, text=True, timeout=60))
-        return False
-
-    result = run_pstrain(ray_args(run_dir, address), timeout=240, signal_when=stop_once_training, send=None, env=RAY_ENV)
-    assert stopped and stopped[0].returncode == 0, stopped and stopped[0].stderr
-    assert result.returncode == 0, result.output  # a commanded stop that checkpointed (docs/faults.md)
-    assert "stopped by pstrain stop from" in result.output and "checkpoint" in result.output, result.output
-    assert 30 <= len(metrics(run_dir)[0]) < STEPS
-    assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
-    assert_no_orphans(result)
-    assert_nothing_left([head])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
