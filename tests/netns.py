@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 SUBNET = "10.251.{}.{}"
 
 
@@ -46,6 +48,13 @@ def can_create_namespaces() -> str:
         return f"ip netns add failed: {getattr(e, 'stderr', e)}"
     _ip("netns", "del", probe)
     return ""
+
+
+def netns_tier() -> list:
+    """A module's `pytestmark` in the netns tier: the marker, and a skip that says why where this process
+    cannot make network namespaces (CI fails on that skip for a proof test: tests/proof.py)."""
+    why = can_create_namespaces()
+    return [pytest.mark.netns, pytest.mark.skipif(bool(why), reason=f"cannot create network namespaces here: {why}")]
 
 
 @contextlib.contextmanager

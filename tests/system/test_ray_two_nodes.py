@@ -37,10 +37,9 @@ from tests.helpers import (
     step_lines,
     task_pid,
 )
-from tests.netns import can_create_namespaces, two_hosts
+from tests.netns import netns_tier, two_hosts
 
-WHY_NOT = can_create_namespaces()
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}")]
+pytestmark = netns_tier()
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
 
 from tests.ray_nodes import RAY_ENV, RayNode, assert_nothing_left  # noqa: E402 (after the skip)

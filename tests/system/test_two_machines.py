@@ -30,13 +30,9 @@ from tests.helpers import (
     run_pstrain,
     step_lines,
 )
-from tests.netns import can_create_namespaces, set_link, two_hosts
+from tests.netns import netns_tier, set_link, two_hosts
 
-WHY_NOT = can_create_namespaces()
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}"),
-]
+pytestmark = netns_tier()
 
 CONFIG = """\
 [cluster]

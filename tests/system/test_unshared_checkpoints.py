@@ -18,14 +18,10 @@ import pytest
 
 from tests import memlimit
 from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, metrics, run_pstrain, task_pid
-from tests.netns import can_create_namespaces, two_hosts
+from tests.netns import netns_tier, two_hosts
 from tests.soak import compare_checkpoints
 
-WHY_NOT = can_create_namespaces()
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}"),
-]
+pytestmark = netns_tier()
 
 CONFIG = """\
 [cluster]

@@ -15,18 +15,12 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from cluster.rundir import RunDir
 from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids
 from tests.jobs.data_jobs import write_relative_npy
-from tests.netns import can_create_namespaces, two_hosts
+from tests.netns import netns_tier, two_hosts
 
-WHY_NOT = can_create_namespaces()
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.skipif(bool(WHY_NOT), reason=f"cannot create network namespaces here: {WHY_NOT}"),
-]
+pytestmark = netns_tier()
 
 CONFIG = """\
 [cluster]
