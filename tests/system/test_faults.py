@@ -196,7 +196,7 @@ def break_disk(disk: Path, how: str, run_dir: Path) -> None:
 BROKEN = {
     "full": ("no space left on device writing {run_dir}/", "; free space or use another --run-dir"),
     "immutable": (
-        "permission denied writing {run_dir}/checkpoints/ckpt-",
+        "permission denied writing {run_dir}/checkpoints/",  # ckpt-N, or the listing when the write came first
         "; make it writable (chmod u+w; chattr -i where it is immutable) or use another --run-dir",
     ),
     "read-only": ("read-only file system writing {run_dir}/checkpoints", "; remount it read-write or use another --run-dir"),
