@@ -8,9 +8,24 @@ import subprocess
 
 import pytest
 
+from tests import helpers
 from tests.proof import PROOF, unallowed_skips
 
 TIERS = ("pure", "inprocess", "cluster", "netns")  # cheapest first, as deploy/run_tests.sh runs them
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--steps-per-execution",
+        type=int,
+        default=None,
+        help="run every `pstrain launch`/`train` the tests start through run_pstrain with this many steps per "
+        "dispatch, unless the test sets its own (1: the chief on every step's path); default: the config's",
+    )
+
+
+def pytest_configure(config):
+    helpers.STEPS_PER_EXECUTION = config.getoption("--steps-per-execution")
 
 
 @pytest.hookimpl(tryfirst=True)

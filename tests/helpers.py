@@ -19,6 +19,15 @@ from cluster.rundir import RunDir
 ROOT = Path(__file__).resolve().parent.parent
 PSTRAIN = [sys.executable, "-m", "cluster.cli"]
 current_launcher = 0  # pid of the pstrain process run_pstrain is running, for signal_when callbacks
+STEPS_PER_EXECUTION: int | None = None  # pytest --steps-per-execution K (conftest): every run_pstrain launch/train at K
+
+
+def with_block_length(args: list[str]) -> list[str]:
+    """`args` with `--steps-per-execution K` added to a `launch` or `train` that does not set its own,
+    when the session runs at one K (`pytest --steps-per-execution 1`: the chief on every step's path)."""
+    if STEPS_PER_EXECUTION is None or not args or args[0] not in ("launch", "train") or "--steps-per-execution" in args:
+        return args
+    return [args[0], "--steps-per-execution", str(STEPS_PER_EXECUTION), *args[1:]]
 
 
 @dataclass
@@ -71,7 +80,7 @@ def run_pstrain(
     `signal_when()` turns true (asked every `poll_s`). Kills what remains on timeout (and fails)."""
     global current_launcher
     process = subprocess.Popen(
-        PSTRAIN + args,
+        PSTRAIN + with_block_length(args),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -95,12 +95,23 @@ def visible(task_type: str, index: int, device: str) -> str:
     return str(index % max(gpu_count(), 1))
 
 
+class PeerFailed(RuntimeError):
+    """A peer's processes ended without a result; the message is their last error lines."""
+
+
+def last_error(text: str) -> str:
+    """The last line of a process's stderr that names an error (TensorFlow's status line), shortened."""
+    lines = [line.strip() for line in text.splitlines() if "Error" in line and not line.startswith(("W0000", "I0000"))]
+    return lines[-1][:240] if lines else ""
+
+
 def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...] = (0,)) -> list[dict]:
     """Start processes, wait for the last JSON line of each of `reporters` (in order), then stop and
-    reap them all."""
+    reap them all. A reporter without one raises PeerFailed with each process's last error line."""
+    errors = [tempfile.TemporaryFile("w+") for _ in commands]
     processes = [
-        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        for argv, env in commands
+        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        for (argv, env), err in zip(commands, errors, strict=True)
     ]
     try:
         results = []
@@ -108,11 +119,19 @@ def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...]
             out, _ = processes[i].communicate(timeout=TIMEOUT_S)
             lines = [line for line in out.splitlines() if line.startswith("{")]
             if not lines:
-                raise RuntimeError(f"{commands[i][0]} printed no result")
+                stop_all(processes)
+                said = []
+                for err in errors:
+                    err.seek(0)
+                    said.append(last_error(err.read()))
+                said = list(dict.fromkeys(line for line in said if line))
+                raise PeerFailed(f"{commands[i][0][3]} printed no result: " + (" / ".join(said) or "no error printed"))
             results.append(json.loads(lines[-1]))
         return results
     finally:
         stop_all(processes)
+        for err in errors:
+            err.close()
 
 
 def stop_all(processes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
@@ -227,6 +246,26 @@ def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu") 
     return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device)
 
 
+def run_rounds(run_one, peers: list[str], size: str, repeats: int) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """`run_one(peer)` for every peer once per round, the order rotating round by round. A peer that
+    fails (PeerFailed) is printed, kept in the second dict with why, and not run again."""
+    runs: dict[str, list[dict]] = {p: [] for p in peers}
+    failed: dict[str, str] = {}
+    for repeat in range(repeats):
+        for peer in rotated(peers, repeat):
+            if peer in failed:
+                continue
+            try:
+                r = run_one(peer)
+            except PeerFailed as e:
+                failed[peer] = str(e)
+                print(f"  {size} round {repeat + 1} {peer}: failed: {e}", flush=True)
+                continue
+            runs[peer].append(r)
+            print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
+    return runs, failed
+
+
 def rotated(items: list[str], round_: int) -> list[str]:
     """Round r runs the peers starting at the r-th: no peer always runs first (or last)."""
     shift = round_ % len(items) if items else 0
@@ -269,14 +308,11 @@ def main() -> int:
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        runs: dict[str, list[dict]] = {p: [] for p in [*peers, *PROBES]}
-        for repeat in range(args.repeats):  # interleaved: every peer once per round, the order rotating
-            for peer in rotated([*peers, *PROBES], repeat):
-                r = run_peer(peer, size, batch, args.steps, args.device)
-                runs[peer].append(r)
-                print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
-        results["runs"][size] = runs
-        print(table(size, runs, batch), flush=True)
+        runs, failed = run_rounds(
+            lambda peer, size=size: run_peer(peer, size, batch, args.steps, args.device), [*peers, *PROBES], size, args.repeats
+        )
+        results["runs"][size], results.setdefault("failed", {})[size] = runs, failed
+        print(table(size, runs, batch, failed), flush=True)
         print(setup_lines(runs), flush=True)
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps)
@@ -311,14 +347,17 @@ def spread(runs: list[dict], key: str, scale: float = 1.0) -> str:
     return text + (f" ({min(values):.1f}–{max(values):.1f})" if len(values) > 1 else "")
 
 
-def peer_rows(runs: dict[str, list[dict]], batch: int) -> list[str]:
-    """The table of peers: medians over the rounds (their range), pstrain's examples/s over each's."""
+def peer_rows(runs: dict[str, list[dict]], batch: int, failed: dict[str, str] | None = None) -> list[str]:
+    """The table of peers: medians over the rounds (their range), pstrain's examples/s over each's; a
+    peer in `failed` gets a row that says why it has no figures."""
     base = med(runs["pstrain"], "step_s") if runs.get("pstrain") else None
     lines = [
         "| peer | ms/step (range) | examples/s | pstrain ÷ peer (examples/s) | start-up s (range) |",
         "|---|---|---|---|---|",
     ]
     for peer, label in NAMES.items():
+        if peer in (failed or {}):
+            lines.append(f"| {label} | did not run: {failed[peer].split(': ', 1)[1]} | – | – | – |")
         if not runs.get(peer):
             continue
         step = med(runs[peer], "step_s")
@@ -328,9 +367,9 @@ def peer_rows(runs: dict[str, list[dict]], batch: int) -> list[str]:
     return lines
 
 
-def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+def table(size: str, runs: dict[str, list[dict]], batch: int, failed: dict[str, str] | None = None) -> str:
     base = med(runs["pstrain"], "step_s") if runs.get("pstrain") else 0.0
-    lines = [f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)", *peer_rows(runs, batch)]
+    lines = [f"\n{size} ({parameters(size) / 1e6:.1f} M parameters)", *peer_rows(runs, batch, failed)]
     if not runs.get("pstrain"):
         return "\n".join(lines)
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}

@@ -215,13 +215,13 @@ def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, dev
     return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device)
 
 
-def table(size: str, runs: dict[str, list[dict]], batch: int) -> str:
+def table(size: str, runs: dict[str, list[dict]], batch: int, failed: dict[str, str] | None = None) -> str:
     from tests.benchmarks.bench import limit_text, peer_rows, startup_line
 
     med = {peer: statistics.median(r["step_s"] for r in rs) for peer, rs in runs.items() if rs}
     base = med["pstrain"]
     title = f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP, global batch {batch} x {TOKENS} tokens"
-    lines = [title, *peer_rows(runs, batch)]
+    lines = [title, *peer_rows(runs, batch, failed)]
     transfer = runs["transfer"][0]
     timing = {k: statistics.median(r["timing"][k] for r in runs["pstrain"]) for k in runs["pstrain"][0]["timing"]}
     lines.append(
@@ -332,21 +332,18 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    from tests.benchmarks.bench import METHOD, PROBES, machine, rotated, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, machine, run_rounds, setup_lines
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
         here = ["pstrain"] if size in PSTRAIN_ONLY else [*peers, *PROBES]
-        runs: dict[str, list[dict]] = {p: [] for p in here}
-        for repeat in range(args.repeats):  # the order rotates round by round
-            for peer in rotated(here, repeat):
-                result = run_peer(peer, size, batch, args.steps, device=args.device)
-                runs[peer].append(result)
-                print(f"  {size} round {repeat + 1} {peer}: {result['step_s'] * 1000:.1f} ms/step", flush=True)
-        results["runs"][size] = runs
-        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch), flush=True)
+        runs, failed = run_rounds(
+            lambda peer, size=size: run_peer(peer, size, batch, args.steps, device=args.device), here, size, args.repeats
+        )
+        results["runs"][size], results.setdefault("failed", {})[size] = runs, failed
+        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, failed), flush=True)
         print(setup_lines(runs), flush=True)
     if sizes and ("pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes)):
         print(chief_memory_line(results["runs"]), flush=True)

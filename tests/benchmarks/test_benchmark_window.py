@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.benchmarks.bench import rotated
+from tests.benchmarks.bench import PeerFailed, last_error, peer_rows, rotated, run_rounds
 from tests.benchmarks.fair import chunks
 from tests.benchmarks.window import block_ends, measure, running_max
 
@@ -41,3 +41,26 @@ def test_the_peer_order_rotates_round_by_round_and_dispatches_cover_the_run():
     peers = ["pstrain", "tf1", "mwms"]
     assert [rotated(peers, r)[0] for r in range(4)] == ["pstrain", "tf1", "mwms", "pstrain"]
     assert chunks(40, 16) == [1, 16, 16, 7] and chunks(33, 16) == [1, 16, 16] and chunks(1, 16) == [1]
+
+
+def test_a_peer_that_fails_is_reported_with_why_and_not_run_again_while_the_others_go_on():
+    tried: list[str] = []
+
+    def run_one(peer: str) -> dict:
+        tried.append(peer)
+        if peer == "mwms":
+            raise PeerFailed("mwms printed no result: InternalError: Tensor Size Mismatch")
+        return {"step_s": 0.01 if peer == "pstrain" else 0.02, "startup_s": 4.0}
+
+    runs, failed = run_rounds(run_one, ["pstrain", "tf1", "mwms"], "10m", repeats=3)
+    assert tried.count("mwms") == 1 and tried.count("pstrain") == 3 and tried.count("tf1") == 3
+    assert failed == {"mwms": "mwms printed no result: InternalError: Tensor Size Mismatch"} and runs["mwms"] == []
+    rows = peer_rows(runs, 128, failed)
+    assert any(row.startswith("| MultiWorkerMirrored") and "did not run: InternalError: Tensor Size Mismatch" in row for row in rows)
+    assert any(row.startswith("| TF1") and "| 2.00× |" in row for row in rows), rows
+
+
+def test_the_error_named_is_the_last_status_line_of_a_process():
+    text = "I0000 00:00 some InternalError in a log line\nTraceback\ntensorflow.errors_impl.InternalError: Tensor Size Mismatch\n"
+    assert last_error(text) == "tensorflow.errors_impl.InternalError: Tensor Size Mismatch"
+    assert last_error("all well\n") == ""
