@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -102,7 +103,10 @@ class PeerFailed(RuntimeError):
 def last_error(text: str) -> str:
     """The last line of a process's stderr that names an error (TensorFlow's status line), shortened."""
     lines = [line.strip() for line in text.splitlines() if "Error" in line and not line.startswith(("W0000", "I0000"))]
-    return lines[-1][:240] if lines else ""
+    if not lines:
+        return ""
+    line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", lines[-1]).replace("tensorflow.python.framework.errors_impl.", "")
+    return line[:160]
 
 
 def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...] = (0,)) -> list[dict]:

@@ -56,7 +56,8 @@ def test_a_peer_that_fails_is_reported_with_why_and_not_run_again_while_the_othe
     assert tried.count("mwms") == 1 and tried.count("pstrain") == 3 and tried.count("tf1") == 3
     assert failed == {"mwms": "mwms printed no result: InternalError: Tensor Size Mismatch"} and runs["mwms"] == []
     rows = peer_rows(runs, 128, failed)
-    assert any(row.startswith("| MultiWorkerMirrored") and "did not run: InternalError: Tensor Size Mismatch" in row for row in rows)
+    why = "did not run: InternalError: Tensor Size Mismatch"
+    assert any(row.startswith("| MultiWorkerMirrored") and why in row for row in rows), rows
     assert any(row.startswith("| TF1") and "| 2.00× |" in row for row in rows), rows
 
 
@@ -64,3 +65,5 @@ def test_the_error_named_is_the_last_status_line_of_a_process():
     text = "I0000 00:00 some InternalError in a log line\nTraceback\ntensorflow.errors_impl.InternalError: Tensor Size Mismatch\n"
     assert last_error(text) == "tensorflow.errors_impl.InternalError: Tensor Size Mismatch"
     assert last_error("all well\n") == ""
+    status = "tensorflow.python.framework.errors_impl.InternalError: {{function_node __wrapped__X_device_/job:worker}} Mismatch"
+    assert last_error(status) == "InternalError: Mismatch"
