@@ -29,6 +29,7 @@ from tests.helpers import (
     predictions,
     run_pstrain,
     step_lines,
+    with_block_length,
 )
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
@@ -82,7 +83,7 @@ def test_ctrl_c_or_sigterm_checkpoints_stops_and_leaves_nothing(tmp_path, sig):
     run_dir = tmp_path / "run"
     out = tmp_path / "launch.out"
     launcher = subprocess.Popen(
-        PSTRAIN + ray_args(run_dir, None),
+        PSTRAIN + with_block_length(ray_args(run_dir, None)),
         cwd=ROOT,
         env={**os.environ, **RAY_ENV},
         stdout=open(out, "w"),

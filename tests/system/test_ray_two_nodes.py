@@ -36,6 +36,7 @@ from tests.helpers import (
     predictions,
     step_lines,
     task_pid,
+    with_block_length,
 )
 from tests.netns import netns_tier, two_hosts
 
@@ -102,7 +103,7 @@ def launch_on_a(nodes: TwoNodes, run_dir: Path, during, timeout: float = 240) ->
     out = run_dir.parent / "launch.out"
     args = ["launch", "--engine", "ray", "--address", nodes.address, "--spread-workers", *JOB, "--steps", str(STEPS)]
     args += ["--checkpoint-every", "10", "--run-dir", str(run_dir)]
-    argv, env = nodes.a.command(PSTRAIN + args), {**os.environ, **RAY_ENV}
+    argv, env = nodes.a.command(PSTRAIN + with_block_length(args)), {**os.environ, **RAY_ENV}
     process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT)
     seen: set[int] = set()
     deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ from tests.helpers import (
     predictions,
     run_pstrain,
     step_lines,
+    with_block_length,
 )
 from tests.netns import netns_tier, set_link, two_hosts
 
@@ -71,9 +72,10 @@ def run_two_hosts(tmp_path: Path, a, b, steps: int, timeout: float, during=None)
     control = f"{a.address}:2229"
     outputs = [tmp_path / "launch.out", tmp_path / "node.out"]
     node_argv = ["node", "--chief", control, "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+    launch_argv = with_block_length(["launch", "--config", str(config)])
     processes = [
         subprocess.Popen(host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(out, "w"), stderr=subprocess.STDOUT)
-        for host, argv, out in ((a, ["launch", "--config", str(config)], outputs[0]), (b, node_argv, outputs[1]))
+        for host, argv, out in ((a, launch_argv, outputs[0]), (b, node_argv, outputs[1]))
     ]
     launcher, node = processes
     seen: set[int] = set()

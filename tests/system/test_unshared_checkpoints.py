@@ -17,7 +17,18 @@ from pathlib import Path
 import pytest
 
 from tests import memlimit
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, metrics, run_pstrain, task_pid
+from tests.helpers import (
+    PSTRAIN,
+    ROOT,
+    Result,
+    alive,
+    assert_no_orphans,
+    descendant_pids,
+    metrics,
+    run_pstrain,
+    task_pid,
+    with_block_length,
+)
 from tests.netns import netns_tier, two_hosts
 from tests.soak import compare_checkpoints
 
@@ -59,7 +70,7 @@ def run_without_a_shared_mount(tmp_path: Path, tag: int, extra: list[str], durin
         config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, run_dir=run_dir))
         node = PSTRAIN + ["node", "--chief", f"{a.address}:2229", "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
         private = f'mount -t tmpfs pstrain-test "{run_dir}" && exec "$0" "$@"'
-        launch = PSTRAIN + ["launch", "--config", str(config), *extra]
+        launch = PSTRAIN + with_block_length(["launch", "--config", str(config), *extra])
         argvs = [
             a.command(["sh", "-c", CGROUPS + ' && exec "$0" "$@"', *launch] if cgroups else launch),
             b.command(["unshare", "--mount", "--propagation", "private", "sh", "-c", private, *node]),

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from cluster.rundir import RunDir
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, with_block_length
 from tests.jobs.data_jobs import write_relative_npy
 from tests.netns import netns_tier, two_hosts
 
@@ -54,9 +54,10 @@ def run_with_b_data(tmp_path: Path, tag: int, b_seed: int | None) -> tuple[int, 
         config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, run_dir=tmp_path / "run"))
         node_argv = ["node", "--chief", f"{a.address}:2229", "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
         out = [open(tmp_path / "launch.out", "w"), open(tmp_path / "node.out", "w")]
+        launch_argv = with_block_length(["launch", "--config", str(config)])
         processes = [
             subprocess.Popen(host.command(PSTRAIN + argv), cwd=cwd, env=env, stdout=o, stderr=subprocess.STDOUT)
-            for host, argv, cwd, o in ((a, ["launch", "--config", str(config)], a_dir, out[0]), (b, node_argv, b_dir, out[1]))
+            for host, argv, cwd, o in ((a, launch_argv, a_dir, out[0]), (b, node_argv, b_dir, out[1]))
         ]
         seen: set[int] = set()
         try:
