@@ -25,6 +25,7 @@ from pathlib import Path
 
 import tensorflow as tf
 import tf_keras
+from tensorflow.python.checkpoint import checkpoint_management
 
 from chief.state.model_state import ModelState, finalize_layers, variables_of
 from cluster.errors import TrainingError, writing
@@ -175,7 +176,7 @@ class Checkpoints:
                 path.replace(self.directory / DAMAGED / path.name)
         good = [p.name for p in prefixes if p not in damaged]  # relative, as CheckpointManager writes them
         if good:
-            tf.compat.v1.train.update_checkpoint_state(str(self.directory), good[-1], all_model_checkpoint_paths=good)
+            write_listing(self.directory, good[-1], good)
         else:
             (self.directory / "checkpoint").unlink(missing_ok=True)
 
@@ -207,11 +208,19 @@ class Checkpoints:
                 for path in files_of(old):
                     path.unlink(missing_ok=True)
             names = [p.name for p in kept[-MAX_TO_KEEP:]]
-            tf.compat.v1.train.update_checkpoint_state(str(self.directory), prefix.name, all_model_checkpoint_paths=names)
+            write_listing(self.directory, prefix.name, names)
 
     def _write(self, prefix: Path) -> None:
         self.prepare()
         self._save_fn(tf.constant(str(prefix)))
+
+
+def write_listing(directory: Path, latest: str, names: list[str]) -> None:
+    """Write `directory/checkpoint` (atomically): `latest` and every kept checkpoint `names`. What
+    `tf.compat.v1.train.update_checkpoint_state` writes, without its deprecation warning on the console."""
+    checkpoint_management.update_checkpoint_state_internal(
+        str(directory), latest, all_model_checkpoint_paths=names, save_relative_paths=False
+    )
 
 
 def _on_ps(state: ModelState) -> bool:
