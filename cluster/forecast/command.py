@@ -57,6 +57,8 @@ def checked(args: argparse.Namespace) -> dict:
 def run_plan(args: argparse.Namespace) -> int:
     plan = checked(args)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM unwinds like Ctrl-C: each run is stopped and reaped
+    # Ctrl-C even where SIGINT came in ignored (a background job of a script): Python then leaves it ignored.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     batch = args.global_batch_size
     try:
         observations = measure_runs(args, plan["runs"])
@@ -67,6 +69,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return report_error("pstrain plan: interrupted; the measured run was stopped and reaped", 130)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     costs = fit(observations)
     print("pstrain plan: fitted costs (CPU seconds per step, as measured on this machine)")
     print("\n".join(report.costs_lines(costs, batch)))
