@@ -19,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import alive
+
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command, whatever venv runs the tests
 # A token of the tests' own for Ray's token authentication, no usage stats, no drain on SIGTERM.
 RAY_ENV = {
@@ -73,15 +75,7 @@ class RayNode:
 
     def left(self) -> list[psutil.Process]:
         """The processes this node started that are still running (zombies do not count)."""
-        alive = []
-        for pid in self.family:
-            try:
-                p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
+        return alive(self.family)
 
     def pstrain_left(self) -> list[psutil.Process]:
         """What pstrain left on this node: a TaskHost actor or a task process (one with a TF_CONFIG)."""
