@@ -16,6 +16,7 @@ run.finish()                                   # final checkpoint, evaluation, S
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 import traceback
@@ -121,9 +122,9 @@ def start_agent(stop: StopTrap) -> Agent | None:
         return None
     agent.register(devices=[], deadline_s=30)
 
-    def on_stop(reason: str, _lost: bool) -> None:
-        log.info("stopping: %s", reason)
-        stop.request()
+    def on_stop(reason: str, lost: bool) -> None:
+        log.info("stopping: %s", reason)  # a `pstrain stop` is named in the stop's line, as the launcher names it
+        stop.request(signal.SIGTERM, cause="" if lost or not reason.startswith("pstrain stop") else reason)
 
     agent.start(on_stop)
     return agent
@@ -262,7 +263,7 @@ class TrainingRun:
             for worker in result.workers:
                 self.gradients_by_worker[worker] = self.gradients_by_worker.get(worker, 0) + 1
         if self.agent and results:
-            self.agent.report = Report("training", first + len(results), dict(self.gradients_by_worker))
+            self.agent.update(Report("training", first + len(results), dict(self.gradients_by_worker)))
         if first == self.first_step:  # the run's first block is its first step
             self.startup.mark("first step")
             log.info("start-up: %s", self.startup.summary())

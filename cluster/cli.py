@@ -15,7 +15,17 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
-from cluster.config import Config, check_job_module, every_flag, load_toml, parse_address, resolve, with_train
+from cluster.config import (
+    DEFAULT_HOST,
+    ClusterConfig,
+    Config,
+    TrainConfig,
+    check_job_module,
+    every_flag,
+    load_toml,
+    resolve,
+    with_train,
+)
 from cluster.control.security import Credentials, load_token
 from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
 from cluster.rundir import default_run_dir
@@ -41,13 +51,41 @@ TRAIN_FLAGS = (
 )
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """--help says each flag's default where it has one and the text does not already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, "", argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def with_default(text: str, name: str) -> str:
+    """A config-backed flag's help with the config's default (the flag's own default is None: unset)."""
+    if "default" in text:
+        return text
+    value = getattr(TrainConfig(), name, None)
+    return f"{text} (default: {value})" if value not in (None, "") else text
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every command's --help with the defaults (`DefaultsFormatter`), subcommands' included."""
+    parser.formatter_class = DefaultsFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                show_defaults(command)
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
+    cluster = ClusterConfig()
     parser.add_argument("--config", help="cluster config (TOML); flags override it")
-    parser.add_argument("--workers", type=int, help="number of workers on --host (free ports)")
-    parser.add_argument("--ps", type=int, help="number of ps tasks on --host (free ports)")
-    parser.add_argument("--host", help="address for tasks given by count (default 127.0.0.1)")
+    parser.add_argument("--workers", type=int, help=f"number of workers on --host (free ports; default: {len(cluster.workers)})")
+    parser.add_argument("--ps", type=int, help=f"number of ps tasks on --host (free ports; default: {len(cluster.ps)})")
+    parser.add_argument("--host", help=f"address for tasks given by count (default: {DEFAULT_HOST})")
     for flag, kind, text in TRAIN_FLAGS:
-        parser.add_argument(flag, type=kind, help=text)
+        parser.add_argument(flag, type=kind, help=with_default(text, flag[2:].replace("-", "_")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,16 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", "checkpoint and stop the cluster"),
     ):
         command = sub.add_parser(name, help=text)
-        command.add_argument("--chief", required=True, help="HOST:PORT of the chief's control plane")
-        add_control_flags(command)
+        add_target_flags(command)
         if name == "status":
             command.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("plot", help="write PNGs of a run to RUN_DIR/plots/").add_argument("run_dir", metavar="RUN_DIR")
     doctor = sub.add_parser("doctor", help="check this machine (GPUs, drivers, ports, hosts) and a running cluster")
     doctor.add_argument("--config", help="the cluster config to check against (default: the defaults)")
-    doctor.add_argument("--chief", help="HOST:PORT of a running chief's control plane: versions, clock, round trip")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    add_control_flags(doctor)
+    add_target_flags(doctor, "also check a running cluster: versions, clock, round trips")
+    show_defaults(parser)
     return parser
 
 
@@ -150,6 +187,15 @@ def run_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_target_flags(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """--run-dir DIR (a running launch's directory: its control.json names the control plane and token),
+    or --chief HOST:PORT with --token-file, for a chief seen from another machine."""
+    lead = f"{what}: " if what else ""
+    parser.add_argument("--run-dir", help=f"{lead}the run directory of a running pstrain launch (its control.json)")
+    parser.add_argument("--chief", help=f"{lead}HOST:PORT of the chief's control plane (from another machine; with --token-file)")
+    add_control_flags(parser)
+
+
 def add_control_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", default="", help="the control-plane token (else $PSTRAIN_TOKEN)")
     parser.add_argument("--tls-ca", default="", help="PEM CA certificate when the control plane uses TLS")
@@ -159,35 +205,6 @@ def control_credentials(args: argparse.Namespace, cluster=None) -> Credentials:
     token_file = args.token_file or (cluster.token_file if cluster else "")
     tls_ca = args.tls_ca or (cluster.tls_ca or cluster.tls_cert if cluster else "")
     return Credentials(load_token(token_file), tls_ca=tls_ca)
-
-
-def control_call(args: argparse.Namespace) -> int:
-    """`pstrain status` / `pstrain stop` against a running chief."""
-    import json
-    import socket
-
-    import grpc
-
-    from cluster.control.proto import control_pb2 as pb
-    from cluster.control.service import RPC_TIMEOUT_S, status_dict, stub
-    from cluster.control.status_table import format_status
-
-    parse_address("--chief", args.chief)
-    control = stub(args.chief, control_credentials(args))
-    try:
-        if args.command == "stop":
-            control.Stop(pb.StopRequest(reason=f"pstrain stop from {socket.gethostname()}"), timeout=RPC_TIMEOUT_S)
-            print(f"pstrain: stop requested; the chief at {args.chief} checkpoints and stops the cluster")
-            return 0
-        status = status_dict(control.Status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S))
-    except grpc.RpcError as e:
-        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-            raise ConfigError(f"--token-file: the chief at {args.chief} refused the token; use the cluster's token") from None
-        raise ConfigError(
-            f"--chief: no control plane answers at {args.chief} ({e.code().name}); is the cluster running?"
-        ) from None
-    print(json.dumps(status, indent=2) if args.json else format_status(status))
-    return 0
 
 
 def run_node_command(args: argparse.Namespace) -> int:
@@ -232,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return serve()
         if args.command in ("status", "stop"):
+            from cluster.control.client import control_call
+
             return control_call(args)
         if args.command == "node" and args.slurm:
             from cluster.launch.slurm_node import run_slurm_node
@@ -242,9 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "node":
             return run_node_command(args)
         if args.command == "doctor":
+            from cluster.control.client import target_of
             from cluster.doctor.run import doctor
 
-            return doctor(args.config, args.chief, control_credentials(args) if args.chief else None, args.json)
+            target = target_of(args) if args.chief or args.run_dir else None
+            return doctor(args.config, target.address if target else None, target.creds if target else None, args.json)
         if args.command == "plot":
             from chief.plots import render
 
@@ -312,6 +333,7 @@ def run_standalone(config: Config) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     forget_tf_config()
     from cluster.errors import writing
+    from cluster.native_log import native_stderr_to
     from cluster.preflight import check_writable
     from cluster.runlock import RunDirLock
     from cluster.stop import StopTrap
@@ -319,11 +341,13 @@ def run_standalone(config: Config) -> int:
     run_dir = Path(config.train.run_dir)
     check_writable(run_dir)
     with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
+        layout = rundir.RunDir(run_dir)
         with writing(run_dir):
             rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
-        from chief.trainer import main_guarded
+        with native_stderr_to(layout.log("standalone")):  # TensorFlow's C++ start-up lines: the log, not the console
+            from chief.trainer import main_guarded
 
-        return main_guarded(rundir.RunDir(run_dir), config.train, standalone=True, stop=stop)
+            return main_guarded(layout, config.train, standalone=True, stop=stop)
 
 
 if __name__ == "__main__":

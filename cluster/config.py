@@ -366,8 +366,14 @@ def with_train(config: Config, **changes: Any) -> Config:
 
 
 def check_job_module(spec: str) -> None:
-    """Fail before any process starts when the job's module cannot be found at all."""
+    """Fail before any process starts when the job's module cannot be found at all, or is a file's path."""
     module = spec.partition(":")[0]
+    if module.endswith(".py") or "/" in module:
+        dotted = module.removesuffix(".py").removeprefix("./").strip("/").replace("/", ".")
+        raise ConfigError(
+            f"train.job: {module!r} is a file path; give the module form, e.g. --job {dotted} "
+            "(run from the directory that holds it)"
+        )
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):

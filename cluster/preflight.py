@@ -55,12 +55,26 @@ def run_dir_paths(run_dir: Path) -> list[Path]:
     return [layout.path, layout.checkpoints, layout.logs, layout.saved_model]
 
 
+def file_in_the_way(run_dir: Path) -> str:
+    """The one line for a file where the run dir (or one of its directories) goes; "" when there is none."""
+    for path in run_dir_paths(run_dir):
+        found = existing(path)
+        if found.is_dir() or not found.exists():
+            continue
+        if found == run_dir:
+            return f"--run-dir: {run_dir} is a file, not a directory; give a directory (a missing one is made)"
+        if found == path:
+            return f"--run-dir: {path} is a file where the run keeps a directory; move it away or use another --run-dir"
+        return f"--run-dir: {run_dir} is under {found}, which is a file; give a path whose parents are directories"
+    return ""
+
+
 def check_writable(run_dir: Path) -> None:
     """Refuse (ConfigError, one line) a run dir where a run could not write or has no room."""
+    if problem := file_in_the_way(run_dir):
+        raise ConfigError(problem)
     need = max(MIN_FREE_BYTES, newest_checkpoint_bytes(RunDir(run_dir).checkpoints))
     for path in dict.fromkeys(existing(p) for p in run_dir_paths(run_dir)):
-        if not path.is_dir():
-            continue  # a file where a directory goes: the write itself will say so
         problem = write_problem(path)
         if problem is not None:
             found = write_error(problem, path, gone=False)

@@ -108,6 +108,12 @@ class RunDir:
         """The generated control-plane token (owner-only)."""
         return self.path / "control.token"
 
+    @property
+    def control_record(self) -> Path:
+        """control.json: where the live run's control plane answers (`ControlRecord`); `pstrain status
+        --run-dir` reads it. Written when the launcher's control plane starts, removed when the launch ends."""
+        return self.path / "control.json"
+
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl in order ([] when there is none yet); a line cut short by a crash is skipped."""
         return read_records(self.metrics)
@@ -123,6 +129,65 @@ class RunDir:
     def train(self) -> TrainConfig:
         """The [train] settings the run was started with."""
         return TrainConfig(**self.record()["train"])
+
+
+@dataclass(frozen=True)
+class ControlRecord:
+    """What `pstrain status|stop|doctor --run-dir DIR` needs to reach a live run's control plane."""
+
+    target: str  # a gRPC target: "HOST:PORT", or "unix:PATH"
+    engine: str  # who launched it: "local", "ray", "slurm", "tfjob"
+    token_file: str  # the token's file; "" where the launching shell's $PSTRAIN_TOKEN gave it
+    tls_ca: str = ""  # the CA to trust where the control plane speaks TLS
+    host: str = ""  # the launcher's host and pid
+    pid: int = 0
+
+
+def write_control(run_dir: Path, record: ControlRecord) -> None:
+    """Write control.json whole (a reader never sees half of it)."""
+    path = RunDir(run_dir).control_record
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def remove_control(run_dir: Path, record: ControlRecord) -> None:
+    """Remove control.json when it is still `record`'s (a later launch may have written its own)."""
+    try:
+        if read_control(run_dir) == record:
+            RunDir(run_dir).control_record.unlink(missing_ok=True)
+    except (ConfigError, OSError):
+        pass
+
+
+def read_control(run_dir: Path) -> ControlRecord:
+    """control.json of `run_dir`; ConfigError (one line) when there is none or it does not parse."""
+    path = RunDir(run_dir).control_record
+    if not run_dir.is_dir():
+        raise ConfigError(f"--run-dir: {run_dir} is not a directory; give the --run-dir of a running pstrain launch")
+    try:
+        data = json.loads(path.read_text())
+        return ControlRecord(**{k: data[k] for k in ("target", "engine", "token_file")}, **_optional(data))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--run-dir: {run_dir} has no control.json: no pstrain launch is serving a control plane there "
+            "(it ended, or the run is standalone); start one with: pstrain launch --run-dir " + str(run_dir)
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--run-dir: cannot read {path} ({e}); give the --run-dir of a running pstrain launch") from None
+
+
+def _optional(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: data[k] for k in ("tls_ca", "host", "pid") if k in data}
+
+
+def latest_step(run_dir: Path) -> tuple[int, float] | None:
+    """(steps done, wall time at the end of that step's block) from the newest step line of metrics.jsonl
+    (whose "step" counts from 0); None before the first step."""
+    for record in reversed(RunDir(run_dir).read_metrics()):
+        if "event" not in record and "step" in record and "time" in record:
+            return int(record["step"]) + 1, float(record["time"])
+    return None
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

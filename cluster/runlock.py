@@ -30,7 +30,7 @@ class Holder:
     pid: int
     create_time: float  # the holder's process start (psutil), seconds since the epoch
     command: str  # "pstrain launch", "pstrain train --standalone"
-    control: str = ""  # the holder's control plane, where it serves one
+    control: str = ""  # the run dir whose control.json names the holder's control plane, where it serves one
 
     @classmethod
     def parse(cls, text: str) -> Holder | None:
@@ -59,7 +59,7 @@ def is_stale(holder: Holder, host: str, running_since: float | None) -> bool:
 
 def refusal(run_dir: Path, holder: Holder) -> str:
     """The one line for a run dir another run holds."""
-    how = f"pstrain stop --chief {holder.control}" if holder.control else f"kill -INT {holder.pid}"
+    how = f"pstrain stop --run-dir {holder.control}" if holder.control else f"kill -INT {holder.pid}"
     return f"{run_dir} is in use by {holder.describe()}; stop it ({how}) or use another --run-dir"
 
 
@@ -109,7 +109,7 @@ class RunDirLock:
         return self
 
     def set_control(self, control: str) -> None:
-        """Record the control plane, so a refused second run can say how to stop this one."""
+        """Record the run dir that names the control plane, so a refused second run can say how to stop this one."""
         self.holder = replace(self.holder, control=control)
         self._write(self.holder)
 

@@ -7,8 +7,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 cd "$PSTRAIN_ROOT"
 # The Ray engine's tests need the optional extra (setup.cfg `ray`); `deploy/start_local.sh` does not.
-ray_pin=$(sed -n 's/^ray = //p' setup.cfg)
-python -c 'import ray' 2>/dev/null || python -m pip install --quiet --disable-pip-version-check "$ray_pin"
+python -c 'import ray' 2>/dev/null || bash deploy/install_ray.sh  # keeps the one TensorFlow (docs/ray.md)
 ruff check .
 ruff format --check .
 filtered=0  # a -k of the caller's may leave a tier with nothing to run (pytest's exit 5); without one, that is an error

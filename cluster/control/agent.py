@@ -61,6 +61,7 @@ class Agent:
         self._process = psutil.Process()
         self._process.cpu_percent()  # prime: the first call always returns 0
         self._done = threading.Event()
+        self._wake = threading.Event()  # set by `update` and `close`: heartbeat now
         self.name = TaskId(task_type, index).name
         self._devices: list[str] = []
 
@@ -101,20 +102,31 @@ class Agent:
         thread.start()
         return thread
 
+    def update(self, report: Report) -> None:
+        """Report `report` from now on, and send it at once (a new step is seen by `pstrain status` now,
+        not a heartbeat interval later)."""
+        self.report = report
+        self._wake.set()
+
     def close(self) -> None:
         self._done.set()
+        self._wake.set()
 
     def _loop(self, on_stop: Callable[[str, bool], None]) -> None:
         last_ok = time.monotonic()
         wait = 0.0  # the first heartbeat goes out at once
-        while not self._done.wait(wait):
+        while not self._done.is_set():
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._done.is_set():
+                return
             wait = self.interval
             try:
                 # A deadline well inside the timeout, so a silent network is noticed in time.
                 reply = self._stub.Heartbeat(self._heartbeat(), timeout=min(RPC_TIMEOUT_S, self.timeout / 2))
                 last_ok = time.monotonic()
                 if reply.stop:
-                    on_stop("the control plane asked this task to stop", False)
+                    on_stop(reply.stop_reason or "the control plane asked this task to stop", False)
                     return
                 if reply.unknown:  # a restarted chief (a new control plane): join it
                     log.info("%s: the control plane at %s does not know this task; registering again", self.name, self.control)

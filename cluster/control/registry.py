@@ -50,7 +50,9 @@ class Registry:
     stopping: bool = False  # the chief is asked to checkpoint and stop
     shutting_down: bool = False  # every task is asked to exit (after the chief is done)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    stop_reason: str = ""  # what asked the chief to stop (`request_stop`), for its log
     _last_step: tuple[float, int] | None = None
+    _step_at: float | None = None  # when the chief's step last moved (clock)
     _restarts: dict[TaskId, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -94,6 +96,8 @@ class Registry:
                 if self._last_step and now > self._last_step[0] and step >= self._last_step[1]:
                     record.steps_per_s = (step - self._last_step[1]) / (now - self._last_step[0])
                 self._last_step = (now, step)
+                if step != record.step or self._step_at is None:
+                    self._step_at = now
                 record.step = step
                 if state == "training":
                     self.state = "training"
@@ -107,10 +111,12 @@ class Registry:
         with self._lock:
             return TaskId(*key) in self.tasks
 
-    def request_stop(self) -> None:
-        """Ask the chief to checkpoint and stop; the servers stay up until it has."""
+    def request_stop(self, reason: str = "") -> None:
+        """Ask the chief to checkpoint and stop (`reason`: what asked, e.g. "pstrain stop from HOST");
+        the servers stay up until it has."""
         with self._lock:
             self.stopping = True
+            self.stop_reason = self.stop_reason or reason
             self.state = "stopping"
 
     def shutdown(self) -> None:
@@ -178,6 +184,7 @@ class Registry:
             return {
                 "state": self.state,
                 "step": chief.step if chief else 0,
+                "step_age_s": round(now - self._step_at, 3) if chief and self._step_at is not None else -1.0,
                 "total_steps": self.total_steps,
                 "max_restarts": self.max_restarts,
                 "restart_window_s": self.restart_window,

@@ -65,7 +65,8 @@ class ControlPlane(pb_grpc.ControlPlaneServicer):
             request.step,
             dict(request.gradients_by_worker),
         )
-        return pb.HeartbeatReply(stop=stop, unknown=not stop and not self.registry.knows(key))
+        reason = self.registry.stop_reason if stop and key.is_chief else ""
+        return pb.HeartbeatReply(stop=stop, unknown=not stop and not self.registry.knows(key), stop_reason=reason)
 
     def Status(self, request, context):
         reply = status_message(self.registry.status())
@@ -101,6 +102,7 @@ def status_message(status: dict) -> pb.StatusReply:
         total_steps=status["total_steps"],
         max_restarts=status.get("max_restarts", 0),
         restart_window_s=status.get("restart_window_s", 0.0),
+        step_age_s=status.get("step_age_s", -1.0),
     )
     for row in status["tasks"]:
         task_type, _, index = row["task"].partition(":")
@@ -163,6 +165,7 @@ def status_dict(reply: pb.StatusReply) -> dict:
         "total_steps": reply.total_steps,
         "max_restarts": reply.max_restarts,
         "restart_window_s": reply.restart_window_s,
+        "step_age_s": reply.step_age_s,
         "tasks": tasks,
     }
 

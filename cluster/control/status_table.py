@@ -19,6 +19,15 @@ def restarts_cell(row: dict, max_restarts: int) -> str:
     return f"{used} of {max_restarts} until {time.strftime('%H:%M:%S', time.localtime(reset_at))}"
 
 
+def step_age(status: dict) -> str:
+    """ " (0.4s old, from metrics.jsonl)": how old the shown step is, and where it came from when not the chief's report."""
+    age = status.get("step_age_s", -1.0)
+    if age < 0:
+        return ""
+    source = status.get("step_from", "")
+    return f" ({age:.1f}s old" + (f", from {source})" if source else ")")
+
+
 def format_status(status: dict) -> str:
     rows = []
     for t in status["tasks"]:
@@ -46,7 +55,7 @@ def format_status(status: dict) -> str:
     window = status.get("restart_window_s", 0.0)
     budget = f"; restarts: at most {status.get('max_restarts', 0)} per task in {window / 60:g} min" if window else ""
     total = f"/{status['total_steps']}" if status["total_steps"] else ""  # 0: by epochs, counted by the chief
-    lines = [f"cluster {status['state']}, step {status['step']}{total}{budget}"]
+    lines = [f"cluster {status['state']}, step {status['step']}{total}{step_age(status)}{budget}"]
     lines.append("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip())
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)

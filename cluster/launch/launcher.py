@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -77,12 +78,13 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "") -> int:
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", engine: str = "") -> int:
     """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
-    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself.
+    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
+    `engine`: who launched it, as control.json names it (default `cluster.engine`: "local" or "ray").
     """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
@@ -90,7 +92,7 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     check_writable(Path(train.run_dir))  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
-        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop)
+        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop, engine=engine)
 
 
 def launch_locked(
@@ -103,13 +105,13 @@ def launch_locked(
     control_bind: str,
     stop: StopTrap,
     supervisor: Supervisor | None = None,
+    engine: str = "",
 ) -> int:
     """`launch` once the run dir is locked, under the caller's `stop` trap; `supervisor` starts the
     tasks (default: processes here; the Ray engine's starts them in Ray actors on the nodes Ray chose)."""
     train, run_dir = config.train, lock.run_dir
     with writing(run_dir):
         rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
-        lock.set_control(cluster.control)
         hint = token_hint(cluster, run_dir, creds)
     supervisor = supervisor or Supervisor(rundir.RunDir(run_dir).logs)
     registry = Registry(
@@ -120,13 +122,16 @@ def launch_locked(
         max_restarts=cluster.max_restarts,
         restart_window=cluster.restart_window,
     )
-    server = None
+    server, record = None, None
     try:
         server = serve_control_plane(cluster, registry, creds, stop, control_bind)
-        say(
-            f"control plane at {cluster.control}; see it with: pstrain status --chief {cluster.control}"
-            + (f" --token-file {hint}" if hint else "")
+        record = rundir.ControlRecord(
+            cluster.control, engine or cluster.engine, hint, creds.trusted_ca, socket.gethostname(), os.getpid()
         )
+        with writing(run_dir):
+            rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
+            lock.set_control(str(run_dir))
+        say(f"control plane at {cluster.control}; watch it with: pstrain status --run-dir {run_dir}")
         env = control_env(replace(config, cluster=cluster), creds)
         servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
         # The chief starts with the servers: it imports TensorFlow and loads the job while they
@@ -152,6 +157,8 @@ def launch_locked(
         if server is not None:
             linger_for_remote_nodes(registry, cluster, local)
             server.stop(grace=1)
+        if record is not None:
+            rundir.remove_control(run_dir, record)
 
 
 def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap, bind: str = ""):
@@ -159,7 +166,7 @@ def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Crede
 
     def on_stop(reason: str) -> None:
         say(f"stopping: {reason} asked the chief to checkpoint at the next step")
-        registry.request_stop()
+        registry.request_stop(reason)
         stop.request(signal.SIGTERM, cause=reason)
 
     servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))

@@ -32,7 +32,7 @@ def run_slurm_node(config_path: str, port_base: int = PORT_BASE) -> int:
     env = shared_control_env(config)  # every node needs the job's token (none is generated) and TLS CA
     if runs_chief:
         port = parse_address("cluster.control", config.cluster.control)[1]
-        return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}")
+        return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}", engine="slurm")
     from cluster.launch.node import run_node
 
     log_dir = RunDir(Path(config.train.run_dir)).logs

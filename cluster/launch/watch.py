@@ -169,9 +169,12 @@ class ClusterWatch:
         return [c for c in self.supervisor.children if not c.task.is_chief]
 
     def _watch(self, chief: Child) -> int:
-        forwarded, deadline, progress = False, 0.0, None
+        forwarded, deadline, progress, hold = False, 0.0, None, 0.0
         while chief.process.poll() is None:
-            if (self.stop.requested or self.failure) and not forwarded:
+            if self.stop.commanded and not self.failure and not hold:
+                # `pstrain stop`: the chief hears it (and its cause) at its next heartbeat; the signal only if not
+                hold = time.monotonic() + self.cluster.heartbeat_interval + 1.0
+            if (self.stop.requested or self.failure) and not forwarded and time.monotonic() >= hold:
                 chief.process.send_signal(self.stop.signum or signal.SIGTERM)
                 forwarded = True
             if forwarded:  # the grace counts from the checkpoint write's last progress: a large model's takes longer
@@ -184,7 +187,10 @@ class ClusterWatch:
                 self._restart_dead_servers()
                 self._check_silent()
                 self._check_logs()
-                self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
+                if hold:
+                    time.sleep(0.1)
+                else:
+                    self.stop.wait(0.1)  # a signalled stop is forwarded as soon as it arrives
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#cluster/control/proto/control.proto\x12\x12pstrain.control.v1\"%\n\x06TaskId\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\"?\n\x08Versions\x12\x0f\n\x07pstrain\x18\x01 \x01(\t\x12\x12\n\ntensorflow\x18\x02 \x01(\t\x12\x0e\n\x06python\x18\x03 \x01(\t\"\xa8\x01\n\x0fRegisterRequest\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12.\n\x08versions\x18\x05 \x01(\x0b\x32\x1c.pstrain.control.v1.Versions\x12\x0f\n\x07\x64\x65vices\x18\x06 \x03(\t\"l\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"M\n\tResources\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x01\x12\x11\n\trss_bytes\x18\x02 \x01(\x04\x12\x18\n\x10gpu_memory_bytes\x18\x03 \x01(\x04\"\x9f\x02\n\x10HeartbeatRequest\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\r\n\x05state\x18\x02 \x01(\t\x12\x30\n\tresources\x18\x03 \x01(\x0b\x32\x1d.pstrain.control.v1.Resources\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12X\n\x13gradients_by_worker\x18\x05 \x03(\x0b\x32;.pstrain.control.v1.HeartbeatRequest.GradientsByWorkerEntry\x1a\x38\n\x16GradientsByWorkerEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"/\n\x0eHeartbeatReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x0f\n\x07unknown\x18\x02 \x01(\x08\"\x0f\n\rStatusRequest\"\xf2\x02\n\nTaskStatus\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x17\n\x0fheartbeat_age_s\x18\x06 \x01(\x01\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x13\n\x0bsteps_per_s\x18\x08 \x01(\x01\x12\x11\n\tgradients\x18\t \x01(\x03\x12\x30\n\tresources\x18\n \x01(\x0b\x32\x1d.pstrain.control.v1.Resources\x12\x0f\n\x07\x64\x65vices\x18\x0b \x03(\t\x12\x10\n\x08hostname\x18\x0c \x01(\t\x12.\n\x08versions\x18\r \x01(\x0b\x32\x1c.pstrain.control.v1.Versions\x12\x10\n\x08restarts\x18\x0e \x01(\x05\x12\x19\n\x11restarts_reset_at\x18\x0f \x01(\x01\"\xac\x01\n\x0bStatusReply\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12-\n\x05tasks\x18\x04 \x03(\x0b\x32\x1e.pstrain.control.v1.TaskStatus\x12\x0c\n\x04time\x18\x05 \x01(\x01\x12\x14\n\x0cmax_restarts\x18\x06 \x01(\x05\x12\x18\n\x10restart_window_s\x18\x07 \x01(\x01\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x1d\n\tStopReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"+\n\x11\x41ssignmentRequest\x12\x16\n\x0ehost_addresses\x18\x01 \x03(\t\"g\n\x0f\x41ssignmentReply\x12\x14\n\x0c\x63luster_json\x18\x01 \x01(\t\x12)\n\x05tasks\x18\x02 \x03(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\x13\n\x0bworker_gpus\x18\x03 \x03(\x05\x32\xa9\x03\n\x0c\x43ontrolPlane\x12R\n\x08Register\x12#.pstrain.control.v1.RegisterRequest\x1a!.pstrain.control.v1.RegisterReply\x12U\n\tHeartbeat\x12$.pstrain.control.v1.HeartbeatRequest\x1a\".pstrain.control.v1.HeartbeatReply\x12L\n\x06Status\x12!.pstrain.control.v1.StatusRequest\x1a\x1f.pstrain.control.v1.StatusReply\x12\x46\n\x04Stop\x12\x1f.pstrain.control.v1.StopRequest\x1a\x1d.pstrain.control.v1.StopReply\x12X\n\nAssignment\x12%.pstrain.control.v1.AssignmentRequest\x1a#.pstrain.control.v1.AssignmentReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#cluster/control/proto/control.proto\x12\x12pstrain.control.v1\"%\n\x06TaskId\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\"?\n\x08Versions\x12\x0f\n\x07pstrain\x18\x01 \x01(\t\x12\x12\n\ntensorflow\x18\x02 \x01(\t\x12\x0e\n\x06python\x18\x03 \x01(\t\"\xa8\x01\n\x0fRegisterRequest\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12.\n\x08versions\x18\x05 \x01(\x0b\x32\x1c.pstrain.control.v1.Versions\x12\x0f\n\x07\x64\x65vices\x18\x06 \x03(\t\"l\n\rRegisterReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"M\n\tResources\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x01\x12\x11\n\trss_bytes\x18\x02 \x01(\x04\x12\x18\n\x10gpu_memory_bytes\x18\x03 \x01(\x04\"\x9f\x02\n\x10HeartbeatRequest\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\r\n\x05state\x18\x02 \x01(\t\x12\x30\n\tresources\x18\x03 \x01(\x0b\x32\x1d.pstrain.control.v1.Resources\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12X\n\x13gradients_by_worker\x18\x05 \x03(\x0b\x32;.pstrain.control.v1.HeartbeatRequest.GradientsByWorkerEntry\x1a\x38\n\x16GradientsByWorkerEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"D\n\x0eHeartbeatReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x0f\n\x07unknown\x18\x02 \x01(\x08\x12\x13\n\x0bstop_reason\x18\x03 \x01(\t\"\x0f\n\rStatusRequest\"\xf2\x02\n\nTaskStatus\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x17\n\x0fheartbeat_age_s\x18\x06 \x01(\x01\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x13\n\x0bsteps_per_s\x18\x08 \x01(\x01\x12\x11\n\tgradients\x18\t \x01(\x03\x12\x30\n\tresources\x18\n \x01(\x0b\x32\x1d.pstrain.control.v1.Resources\x12\x0f\n\x07\x64\x65vices\x18\x0b \x03(\t\x12\x10\n\x08hostname\x18\x0c \x01(\t\x12.\n\x08versions\x18\r \x01(\x0b\x32\x1c.pstrain.control.v1.Versions\x12\x10\n\x08restarts\x18\x0e \x01(\x05\x12\x19\n\x11restarts_reset_at\x18\x0f \x01(\x01\"\xc0\x01\n\x0bStatusReply\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12-\n\x05tasks\x18\x04 \x03(\x0b\x32\x1e.pstrain.control.v1.TaskStatus\x12\x0c\n\x04time\x18\x05 \x01(\x01\x12\x14\n\x0cmax_restarts\x18\x06 \x01(\x05\x12\x18\n\x10restart_window_s\x18\x07 \x01(\x01\x12\x12\n\nstep_age_s\x18\x08 \x01(\x01\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x1d\n\tStopReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"+\n\x11\x41ssignmentRequest\x12\x16\n\x0ehost_addresses\x18\x01 \x03(\t\"g\n\x0f\x41ssignmentReply\x12\x14\n\x0c\x63luster_json\x18\x01 \x01(\t\x12)\n\x05tasks\x18\x02 \x03(\x0b\x32\x1a.pstrain.control.v1.TaskId\x12\x13\n\x0bworker_gpus\x18\x03 \x03(\x05\x32\xa9\x03\n\x0c\x43ontrolPlane\x12R\n\x08Register\x12#.pstrain.control.v1.RegisterRequest\x1a!.pstrain.control.v1.RegisterReply\x12U\n\tHeartbeat\x12$.pstrain.control.v1.HeartbeatRequest\x1a\".pstrain.control.v1.HeartbeatReply\x12L\n\x06Status\x12!.pstrain.control.v1.StatusRequest\x1a\x1f.pstrain.control.v1.StatusReply\x12\x46\n\x04Stop\x12\x1f.pstrain.control.v1.StopRequest\x1a\x1d.pstrain.control.v1.StopReply\x12X\n\nAssignment\x12%.pstrain.control.v1.AssignmentRequest\x1a#.pstrain.control.v1.AssignmentReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,21 +48,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST_GRADIENTSBYWORKERENTRY']._serialized_start=755
   _globals['_HEARTBEATREQUEST_GRADIENTSBYWORKERENTRY']._serialized_end=811
   _globals['_HEARTBEATREPLY']._serialized_start=813
-  _globals['_HEARTBEATREPLY']._serialized_end=860
-  _globals['_STATUSREQUEST']._serialized_start=862
-  _globals['_STATUSREQUEST']._serialized_end=877
-  _globals['_TASKSTATUS']._serialized_start=880
-  _globals['_TASKSTATUS']._serialized_end=1250
-  _globals['_STATUSREPLY']._serialized_start=1253
-  _globals['_STATUSREPLY']._serialized_end=1425
-  _globals['_STOPREQUEST']._serialized_start=1427
-  _globals['_STOPREQUEST']._serialized_end=1456
-  _globals['_STOPREPLY']._serialized_start=1458
-  _globals['_STOPREPLY']._serialized_end=1487
-  _globals['_ASSIGNMENTREQUEST']._serialized_start=1489
-  _globals['_ASSIGNMENTREQUEST']._serialized_end=1532
-  _globals['_ASSIGNMENTREPLY']._serialized_start=1534
-  _globals['_ASSIGNMENTREPLY']._serialized_end=1637
-  _globals['_CONTROLPLANE']._serialized_start=1640
-  _globals['_CONTROLPLANE']._serialized_end=2065
+  _globals['_HEARTBEATREPLY']._serialized_end=881
+  _globals['_STATUSREQUEST']._serialized_start=883
+  _globals['_STATUSREQUEST']._serialized_end=898
+  _globals['_TASKSTATUS']._serialized_start=901
+  _globals['_TASKSTATUS']._serialized_end=1271
+  _globals['_STATUSREPLY']._serialized_start=1274
+  _globals['_STATUSREPLY']._serialized_end=1466
+  _globals['_STOPREQUEST']._serialized_start=1468
+  _globals['_STOPREQUEST']._serialized_end=1497
+  _globals['_STOPREPLY']._serialized_start=1499
+  _globals['_STOPREPLY']._serialized_end=1528
+  _globals['_ASSIGNMENTREQUEST']._serialized_start=1530
+  _globals['_ASSIGNMENTREQUEST']._serialized_end=1573
+  _globals['_ASSIGNMENTREPLY']._serialized_start=1575
+  _globals['_ASSIGNMENTREPLY']._serialized_end=1678
+  _globals['_CONTROLPLANE']._serialized_start=1681
+  _globals['_CONTROLPLANE']._serialized_end=2106
 # @@protoc_insertion_point(module_scope)

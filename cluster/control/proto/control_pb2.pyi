@@ -84,12 +84,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., state: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., step: _Optional[int] = ..., gradients_by_worker: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("stop", "unknown")
+    __slots__ = ("stop", "unknown", "stop_reason")
     STOP_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     stop: bool
     unknown: bool
-    def __init__(self, stop: _Optional[bool] = ..., unknown: _Optional[bool] = ...) -> None: ...
+    stop_reason: str
+    def __init__(self, stop: _Optional[bool] = ..., unknown: _Optional[bool] = ..., stop_reason: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -130,7 +132,7 @@ class TaskStatus(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., state: _Optional[str] = ..., host: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., gradients: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., devices: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., restarts: _Optional[int] = ..., restarts_reset_at: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("state", "step", "total_steps", "tasks", "time", "max_restarts", "restart_window_s")
+    __slots__ = ("state", "step", "total_steps", "tasks", "time", "max_restarts", "restart_window_s", "step_age_s")
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +140,7 @@ class StatusReply(_message.Message):
     TIME_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     RESTART_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_AGE_S_FIELD_NUMBER: _ClassVar[int]
     state: str
     step: int
     total_steps: int
@@ -145,7 +148,8 @@ class StatusReply(_message.Message):
     time: float
     max_restarts: int
     restart_window_s: float
-    def __init__(self, state: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., time: _Optional[float] = ..., max_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ...) -> None: ...
+    step_age_s: float
+    def __init__(self, state: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., time: _Optional[float] = ..., max_restarts: _Optional[int] = ..., restart_window_s: _Optional[float] = ..., step_age_s: _Optional[float] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("reason",)
