@@ -51,6 +51,13 @@ TRAIN_FLAGS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake said in one line (exit 2) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"pstrain: error: {self.prog}: {message}; see {self.prog} --help\n")
+
+
 class DefaultsFormatter(argparse.HelpFormatter):
     """--help says each flag's default where it has one and the text does not already."""
 
@@ -89,7 +96,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pstrain", description="Synchronous parameter-server training for TF2.")
+    parser = Parser(prog="pstrain", description="Synchronous parameter-server training for TF2.")
     parser.add_argument("--version", action="version", version=f"pstrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     launch = sub.add_parser("launch", help="run chief, ps and workers on this machine and train")

@@ -352,6 +352,9 @@ def every_flag(text: str) -> int | str:
     return EPOCH if text == EPOCH else int(text)
 
 
+every_flag.__name__ = "K steps or 'epoch'"  # argparse's word for a value it refuses: "invalid K steps or 'epoch' value"
+
+
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 

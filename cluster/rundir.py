@@ -137,7 +137,7 @@ class ControlRecord:
 
     target: str  # a gRPC target: "HOST:PORT", or "unix:PATH"
     engine: str  # who launched it: "local", "ray", "slurm", "tfjob"
-    token_file: str  # the token's file; "" where the launching shell's $PSTRAIN_TOKEN gave it
+    token_file: str  # the token's file, relative to the run dir or absolute; "" where $PSTRAIN_TOKEN gave it
     tls_ca: str = ""  # the CA to trust where the control plane speaks TLS
     host: str = ""  # the launcher's host and pid
     pid: int = 0

@@ -22,7 +22,7 @@ PSTRAIN_VENV=${PSTRAIN_VENV:-$PSTRAIN_ROOT/.venv}
   if [ ! -x "$PSTRAIN_VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     python=${PYTHON:-python3}
     if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-      echo "pstrain: error: $python is older than Python 3.11; set PYTHON to a newer interpreter" >&2
+      echo "pstrain: error: $python is not a Python 3.11 or newer; set PYTHON to one" >&2
       exit 2
     fi
     echo "pstrain: setting up $PSTRAIN_VENV with $tensorflow (one time, a few minutes)" >&2

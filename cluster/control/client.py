@@ -24,8 +24,9 @@ class Target:
     run_dir: Path | None = None
 
 
-def record_credentials(record: ControlRecord, token_file: str, tls_ca: str) -> Credentials:
-    """The credentials for a run's control plane: flags win, then what control.json names."""
+def record_credentials(record: ControlRecord, run_dir: Path, token_file: str, tls_ca: str) -> Credentials:
+    """The credentials for a run's control plane: flags win, then what control.json names (a relative
+    token file: in the run dir)."""
     if not (token_file or record.token_file):
         try:
             return Credentials(load_token(), tls_ca=tls_ca or record.tls_ca)
@@ -34,7 +35,7 @@ def record_credentials(record: ControlRecord, token_file: str, tls_ca: str) -> C
                 "--token-file: the run's token came from $PSTRAIN_TOKEN in the shell that launched it; "
                 "set PSTRAIN_TOKEN to it here, or pass --token-file"
             ) from None
-    return Credentials(load_token(token_file or record.token_file), tls_ca=tls_ca or record.tls_ca)
+    return Credentials(load_token(token_file or str(run_dir / record.token_file)), tls_ca=tls_ca or record.tls_ca)
 
 
 def target_of(args: Namespace) -> Target:
@@ -49,7 +50,8 @@ def target_of(args: Namespace) -> Target:
         )
     if run_dir:
         record = read_control(Path(run_dir))
-        return Target(record.target, record_credentials(record, args.token_file, args.tls_ca), Path(run_dir))
+        creds = record_credentials(record, Path(run_dir), args.token_file, args.tls_ca)
+        return Target(record.target, creds, Path(run_dir))
     parse_address("--chief", chief)
     return Target(chief, Credentials(load_token(args.token_file), tls_ca=args.tls_ca))
 

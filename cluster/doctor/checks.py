@@ -80,10 +80,7 @@ def tensorflow_wheel(dists: dict[str, str], build: dict[str, Any], smi: Smi) -> 
         return [Check("FAIL", name, "TensorFlow is not installed", "deploy/bootstrap.sh")]
     out = []
     if len(present) > 1:
-        listed = ", ".join(f"{d} {v}" for d, v in sorted(present.items()))
-        out.append(
-            Check("WARN", name, f"several TensorFlow distributions installed ({listed}); one shadows the other", REINSTALL)
-        )
+        out.append(several_distributions(present, smi))
     dist, version = sorted(present.items())[-1] if "tensorflow" not in present else ("tensorflow", present["tensorflow"])
     if version != TF_VERSION:
         out.append(Check("FAIL", name, f"{dist} {version} installed; pstrain needs {TF_VERSION}", REINSTALL))
@@ -108,6 +105,22 @@ def tensorflow_wheel(dists: dict[str, str], build: dict[str, Any], smi: Smi) -> 
     return out
 
 
+def several_distributions(present: dict[str, str], smi: Smi) -> Check:
+    """Two TensorFlow distributions write the same `tensorflow/` package: the last one installed wins,
+    and the doctor's other findings then describe it. The fix keeps the one this machine wants."""
+    listed = ", ".join(f"{d} {v}" for d, v in sorted(present.items()))
+    keep = "tensorflow" if smi.gpus else "tensorflow-cpu"
+    drop = " ".join(d for d in sorted(present) if d != keep)
+    fix = (
+        f"pip uninstall -y {drop} && pip install --force-reinstall --no-deps '{keep}=={TF_VERSION}' "
+        "(they share one package directory; or rm -rf .venv && deploy/bootstrap.sh); add Ray with deploy/install_ray.sh"
+    )
+    cause = "tf_keras or an extra (pip install .[ray]) pulled in `tensorflow`" if "tensorflow" in present else "two installs"
+    return Check(
+        "FAIL", "tensorflow.wheel", f"several TensorFlow distributions installed ({listed}), one over the other ({cause})", fix
+    )
+
+
 def cuda_libraries(requirements: list[str], installed: dict[str, str], build: dict[str, Any], smi: Smi) -> list[Check]:
     """The pip nvidia-* libraries (CUDA runtime, cuDNN, NCCL, ...) within TensorFlow's own pins.
 
@@ -115,8 +128,8 @@ def cuda_libraries(requirements: list[str], installed: dict[str, str], build: di
     """
     name = "cuda.libraries"
     cuda_build = str(build.get("is_cuda_build", "False")) == "True"
-    if not cuda_build and not smi.gpus:
-        return [Check("OK", name, "not needed (CPU build of TensorFlow, no GPU)")]
+    if not smi.gpus:  # no GPU: TensorFlow runs on the CPU whatever its build, without the CUDA libraries
+        return [Check("OK", name, "not needed (no GPU)" + (" though TensorFlow is a CUDA build" if cuda_build else ""))]
     pins = [Requirement(r) for r in requirements]
     pins = [r for r in pins if r.name.startswith("nvidia-") and r.marker and r.marker.evaluate({"extra": "and-cuda"})]
     if not pins:

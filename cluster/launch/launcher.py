@@ -78,6 +78,11 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
+def ca_path(creds: Credentials) -> str:
+    """The CA a client of this control plane trusts, as an absolute path ("" without TLS)."""
+    return os.path.abspath(creds.trusted_ca) if creds.trusted_ca else ""
+
+
 def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", engine: str = "") -> int:
     """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
 
@@ -125,8 +130,9 @@ def launch_locked(
     server, record = None, None
     try:
         server = serve_control_plane(cluster, registry, creds, stop, control_bind)
+        token = os.path.relpath(hint, run_dir) if hint == str(rundir.RunDir(run_dir).control_token) else os.path.abspath(hint)
         record = rundir.ControlRecord(
-            cluster.control, engine or cluster.engine, hint, creds.trusted_ca, socket.gethostname(), os.getpid()
+            cluster.control, engine or cluster.engine, token if hint else "", ca_path(creds), socket.gethostname(), os.getpid()
         )
         with writing(run_dir):
             rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
@@ -184,10 +190,17 @@ def start_local_servers(
     servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
     remote = len(cluster.ps) + len(cluster.workers) - len(here)
     waiting = f", waiting for {remote} on other machines" if remote else ""
-    say(f"{len(here)} local tasks starting{waiting}; logs in {supervisor.log_dir}")
+    say(f"{local_task_count(here)} starting{waiting}; logs in {supervisor.log_dir}")
     if gpu_sharers(cluster):
         say(f"GPUs: {gpu_line(cluster)}")
     return servers
+
+
+def local_task_count(servers: list[TaskPlan]) -> str:
+    """ "4 local tasks (chief, 1 ps, 2 workers)": the chief (always started here) and `servers`. Pure."""
+    counts = {kind: sum(p.task.type == kind for p in servers) for kind in ("ps", "worker")}
+    parts = ["chief"] + [f"{n} {kind}{'s' * (n != 1 and kind == 'worker')}" for kind, n in counts.items() if n]
+    return f"{len(servers) + 1} local task{'s' * bool(servers)} ({', '.join(parts)})"
 
 
 def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:

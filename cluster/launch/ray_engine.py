@@ -61,7 +61,7 @@ def import_ray(address: str) -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError('cluster.engine: "ray" needs Ray; install it with: pip install .[ray]') from None
+        raise ConfigError('cluster.engine: "ray" needs Ray; install it with: deploy/install_ray.sh') from None
     return ray
 
 

@@ -121,9 +121,8 @@ def test_resume_on_two_ps_shards_variables_and_matches_the_standalone_model(tmp_
 
 
 def pstrain_stop(run_dir: Path) -> subprocess.CompletedProcess:
-    """`pstrain stop` against the run's control plane, as an operator types it."""
-    control = json.loads((run_dir / "cluster.json").read_text())["control"]
-    args = ["stop", "--chief", control, "--token-file", str(run_dir / "control.token")]
+    """`pstrain stop` against the run's control plane, as an operator types it (the README's form)."""
+    args = ["stop", "--run-dir", str(run_dir)]
     return subprocess.run(["python", "-m", "cluster.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
@@ -154,6 +153,8 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     if stop == "pstrain stop":
         assert asked[0].returncode == 0, asked[0].stderr
         assert first.returncode == 0, first.output
+        chief_log = (run_dir / "logs" / "chief-0.log").read_text()
+        assert "stopped by pstrain stop from " in chief_log and "stopped by SIGTERM" not in chief_log, chief_log
     else:
         assert first.returncode == 128 + stop, first.output
     assert_no_orphans(first)

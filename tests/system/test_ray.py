@@ -32,7 +32,7 @@ from tests.helpers import (
     with_block_length,
 )
 
-pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
+pytest.importorskip("ray", reason="the ray extra is not installed (deploy/install_ray.sh)")
 pytestmark = pytest.mark.cluster
 
 from tests.ray_nodes import RAY_ENV as RAY_NODE_ENV  # noqa: E402 (after the skip)

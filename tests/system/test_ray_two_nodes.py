@@ -41,7 +41,7 @@ from tests.helpers import (
 from tests.netns import netns_tier, two_hosts
 
 pytestmark = netns_tier()
-pytest.importorskip("ray", reason="the ray extra is not installed (pip install .[ray])")
+pytest.importorskip("ray", reason="the ray extra is not installed (deploy/install_ray.sh)")
 
 from tests.ray_nodes import RAY_ENV, RayNode, assert_nothing_left  # noqa: E402 (after the skip)
 
@@ -192,14 +192,15 @@ def test_the_second_nodes_ray_stopped_mid_run_resumes_once_ray_places_it_again(t
 
 
 def test_pstrain_stop_from_the_second_node_checkpoints_and_leaves_nothing_on_either(tmp_path, cluster):
-    """`pstrain stop` run on B, as an operator on the second machine would: a checkpoint, exit 0."""
+    """`pstrain stop --run-dir` run on B, as an operator on the second machine would (the run dir is
+    shared; its control.json names the control plane on A and the token): a checkpoint, exit 0."""
     run_dir = tmp_path / "run"
     stopped: list[subprocess.CompletedProcess] = []
 
     def stop_from_b(output: str) -> None:
-        control = [line.partition("--chief ")[2].split()[0] for line in output.splitlines() if "see it with:" in line]
-        if not stopped and control and step_lines(run_dir) >= 20:
-            argv = PSTRAIN + ["stop", "--chief", control[0], "--token-file", str(run_dir / "control.token")]
+        said = f"watch it with: pstrain status --run-dir {run_dir}" in output
+        if not stopped and said and step_lines(run_dir) >= 20:
+            argv = PSTRAIN + ["stop", "--run-dir", str(run_dir)]
             stopped.append(subprocess.run(cluster.b.command(argv), cwd=ROOT, capture_output=True, text=True, timeout=60))
 
     result = launch_on_a(cluster, run_dir, stop_from_b)
@@ -207,6 +208,8 @@ def test_pstrain_stop_from_the_second_node_checkpoints_and_leaves_nothing_on_eit
     assert result.returncode == 0, result.output
     stop_lines = [line for line in result.output.splitlines() if line.startswith("pstrain: stopped by pstrain stop from ")]
     assert len(stop_lines) == 1 and "checkpoint saved" in stop_lines[0], result.output  # names the sender's hostname
+    assert "stopped by pstrain stop from " in (run_dir / "logs" / "chief-0.log").read_text()  # the chief's log too
+    assert not (run_dir / "control.json").exists(), "control.json outlives the launch"
     assert 20 <= len(metrics(run_dir)[0]) < STEPS
     assert sorted((run_dir / "checkpoints").glob("ckpt-*.index")), "a checkpoint to resume from"
     assert_no_orphans(result)

@@ -76,6 +76,23 @@ def test_cuda_libraries_against_tensorflows_pins():
 
 
 @pytest.mark.pure
+def test_two_tensorflow_distributions_are_named_as_the_cause_with_a_fix_for_this_machine():
+    """What `pip install .[ray]` left (issue 36): the full `tensorflow` (a CUDA build) over tensorflow-cpu on
+    a machine without a GPU. The doctor names the two distributions as the cause and keeps the CPU one;
+    it gives no CUDA advice where there is no GPU. On a GPU machine it keeps the CUDA one."""
+    both = {"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"}
+    found = checks.tensorflow_wheel(both, CUDA_BUILD, Smi(False))
+    assert found[0].level == "FAIL"
+    assert "several TensorFlow distributions installed (tensorflow 2.21.0, tensorflow-cpu 2.21.0)" in found[0].message
+    reinstall = "pip install --force-reinstall --no-deps"
+    assert found[0].fix.startswith(f"pip uninstall -y tensorflow && {reinstall} 'tensorflow-cpu==2.21.0'")
+    cuda = checks.cuda_libraries(PINS, {}, CUDA_BUILD, Smi(False))
+    assert cuda[0].level == "OK" and "and-cuda" not in cuda[0].fix and cuda[0].message.startswith("not needed (no GPU)")
+    on_gpus = checks.tensorflow_wheel(both, CUDA_BUILD, two_gpus())[0]
+    assert on_gpus.fix.startswith(f"pip uninstall -y tensorflow-cpu && {reinstall} 'tensorflow==2.21.0'")
+
+
+@pytest.mark.pure
 def test_driver_old_new_missing_and_broken():
     assert checks.cuda_major({}, PINS) == 12 and checks.cuda_major(CUDA_BUILD, []) == 12
     old = checks.driver(two_gpus(driver="470.82.01"), 12)[0]

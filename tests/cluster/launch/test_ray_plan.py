@@ -88,5 +88,5 @@ def test_without_ray_installed_one_line_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where it is not installed
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    with pytest.raises(ConfigError, match=r"^cluster.engine: \"ray\" needs Ray; install it with: pip install \.\[ray\]$"):
+    with pytest.raises(ConfigError, match=r"^cluster.engine: \"ray\" needs Ray; install it with: deploy/install_ray\.sh$"):
         import_ray("10.0.0.1:6379")
