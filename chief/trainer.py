@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 import tensorflow as tf
 
 from chief.callbacks import fit_callbacks
@@ -66,14 +67,13 @@ from cluster.taskenv import TaskEnv, wait_until_ready
 from cluster.tfconfig import chief_address, tf_config_text
 
 log = logging.getLogger("pstrain.chief")
+KEPT: list = []  # the runs, never freed: freeing a cluster run's functions waits on workers that may wait on the ps forever
 
 
 class StartupClock:
     """Where a chief's start-up goes: seconds per phase, from the process's start."""
 
     def __init__(self):
-        import psutil
-
         self.last = psutil.Process().create_time()
         self.phases: dict[str, float] = {}
         self.mark("process start and imports")
@@ -349,7 +349,7 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -
     (`stop`, entered by the caller as early as it can) ends start-up between its phases, and training
     at the next step boundary with a checkpoint."""
     try:
-        run = TrainingRun.start(run_dir, train, standalone, stop)
+        KEPT.append(run := TrainingRun.start(run_dir, train, standalone, stop))  # `python -m chief` ends by os._exit
     except StoppedDuringStartup:
         say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone)
         return stop.exit_code

@@ -108,6 +108,10 @@ class RunDir:
         """The generated control-plane token (owner-only)."""
         return self.path / "control.token"
 
+    def token_file(self, record: ControlRecord) -> Path:
+        """The token file `record` names (a relative name: in this run dir)."""
+        return self.path / record.token_file
+
     @property
     def control_record(self) -> Path:
         """control.json: where the live run's control plane answers (`ControlRecord`); `pstrain status

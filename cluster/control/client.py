@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cluster.config import ConfigError, parse_address
 from cluster.control.security import Credentials, load_token
-from cluster.rundir import ControlRecord, latest_step, read_control
+from cluster.rundir import ControlRecord, RunDir, latest_step, read_control
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def record_credentials(record: ControlRecord, run_dir: Path, token_file: str, tl
                 "--token-file: the run's token came from $PSTRAIN_TOKEN in the shell that launched it; "
                 "set PSTRAIN_TOKEN to it here, or pass --token-file"
             ) from None
-    return Credentials(load_token(token_file or str(run_dir / record.token_file)), tls_ca=tls_ca or record.tls_ca)
+    return Credentials(load_token(token_file or str(RunDir(run_dir).token_file(record))), tls_ca=tls_ca or record.tls_ca)
 
 
 def target_of(args: Namespace) -> Target:

@@ -7,6 +7,7 @@ nodes: tests/system/test_ray_two_nodes.py.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,10 +64,25 @@ def assert_equals_standalone(run_dir: Path, reference) -> None:
 
 
 def test_a_local_ray_trains_the_default_job_equal_to_standalone_and_leaves_nothing(tmp_path, reference):
-    """No --address: pstrain starts Ray on 127.0.0.1 and stops every one of its processes at the end."""
+    """No --address: pstrain starts Ray on 127.0.0.1 and stops every one of its processes at the end.
+    Mid-run, `pstrain status --run-dir` finds the control plane through control.json (engine "ray")."""
     run_dir = tmp_path / "run"
-    result = run_pstrain(ray_args(run_dir, None), timeout=240, env=RAY_ENV)
+    seen: dict = {}
+
+    def status_once() -> bool:
+        if step_lines(run_dir) >= 30 and (run_dir / "control.json").exists():
+            seen["record"] = json.loads((run_dir / "control.json").read_text())
+            argv = PSTRAIN + ["status", "--run-dir", str(run_dir), "--json"]
+            seen["status"] = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+            return True
+        return False
+
+    result = run_pstrain(ray_args(run_dir, None), timeout=240, env=RAY_ENV, signal_when=status_once, send=None)
     assert result.returncode == 0, result.output
+    assert seen["record"]["engine"] == "ray", seen
+    assert seen["status"].returncode == 0, seen["status"].stderr
+    assert json.loads(seen["status"].stdout)["state"] in ("training", "stopping"), seen["status"].stdout
+    assert not (run_dir / "control.json").exists()
     assert "Ray placed chief on 127.0.0.1, ps on 127.0.0.1, workers on 127.0.0.1" in result.output
     assert "Traceback" not in result.output
     assert_equals_standalone(run_dir, reference)
