@@ -17,7 +17,7 @@ from cluster.runlock import LOCK_NAME, Holder, RunDirLock, is_stale, refusal
 from tests.helpers import ROOT, run_pstrain
 from tests.system.test_bad_input import assert_one_line_error
 
-HOLDER = Holder("node-a", 1234, 1_800_000_000.25, "pstrain launch", "10.0.0.1:2229")
+HOLDER = Holder("node-a", 1234, 1_800_000_000.25, "pstrain launch", "/shared/runs/x")
 
 
 @pytest.mark.pure
@@ -40,17 +40,17 @@ def test_refusal_names_the_holder_and_how_to_stop_it():
     since = time.strftime("%H:%M:%S", time.localtime(HOLDER.create_time))
     assert refusal(Path("runs/x"), HOLDER) == (
         f"runs/x is in use by pstrain launch pid 1234 on host node-a since {since}; "
-        "stop it (pstrain stop --chief 10.0.0.1:2229) or use another --run-dir"
+        "stop it (pstrain stop --run-dir /shared/runs/x) or use another --run-dir"
     )
     assert Holder.parse("{cut short") is None
 
 
 def hold(run_dir: Path) -> subprocess.Popen:
-    """Another process holding `run_dir` as a launcher would (its control plane recorded)."""
+    """Another process holding `run_dir` as a launcher would (the run dir whose control.json names its control plane)."""
     code = (
         "import sys, time; from pathlib import Path; from cluster.runlock import RunDirLock\n"
         f"with RunDirLock(Path({str(run_dir)!r}), 'pstrain launch') as lock:\n"
-        "    lock.set_control('127.0.0.1:4321'); print('held', flush=True); time.sleep(120)\n"
+        f"    lock.set_control({str(run_dir)!r}); print('held', flush=True); time.sleep(120)\n"
     )
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "held"
@@ -70,7 +70,7 @@ def test_second_run_on_a_held_run_dir_is_refused_and_touches_nothing(tmp_path, c
         holder.kill()
         holder.wait()
     assert_one_line_error(result, f"{run_dir} is in use by pstrain launch pid {holder.pid} on host {socket.gethostname()} since ")
-    assert "stop it (pstrain stop --chief 127.0.0.1:4321) or use another --run-dir" in result.output
+    assert f"stop it (pstrain stop --run-dir {run_dir}) or use another --run-dir" in result.output
     assert after == before and not (run_dir / "control.token").exists(), "nothing written in the held run dir"
     assert not result.seen_pids, "no task started"
 

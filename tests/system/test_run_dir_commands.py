@@ -33,7 +33,10 @@ def test_status_doctor_and_stop_by_run_dir_on_a_local_launch(tmp_path):
         return True
 
     result = run_pstrain(
-        ["launch", "--run-dir", str(run_dir), "--steps", "3000", "--checkpoint-every", "50"], signal_when=drive, send=None
+        ["launch", "--run-dir", str(run_dir), "--steps", "30000", "--checkpoint-every", "50"],
+        signal_when=drive,
+        send=None,
+        timeout=900,  # the stop ends it: the doctor's TensorFlow probe takes a minute on 2 busy cores
     )
     assert f"watch it with: pstrain status --run-dir {run_dir}" in result.output, result.output
     assert "pstrain: 4 local tasks (chief, 1 ps, 2 workers) starting" in result.output, result.output
@@ -54,7 +57,7 @@ def test_status_doctor_and_stop_by_run_dir_on_a_local_launch(tmp_path):
     assert len(stop_lines) == 1, result.output
     chief_log = (run_dir / "logs" / "chief-0.log").read_text()
     assert "stopped by pstrain stop from " in chief_log and "stopped by SIGTERM" not in chief_log, chief_log
-    assert len(metrics(run_dir)[0]) < 3000
+    assert len(metrics(run_dir)[0]) < 30000
     assert_no_orphans(result)
     # The launch is over: its record is gone, and status says so in one line.
     assert not (run_dir / "control.json").exists()
