@@ -327,11 +327,18 @@ def evaluator_run_dir(flag: str) -> Path | None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """`pstrain evaluate RUN_DIR`: follow the run's checkpoints (chief/sidecar.py)."""
+    from contextlib import nullcontext
+
+    from cluster.native_log import native_stderr_to
+    from cluster.rundir import RunDir
+
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     forget_tf_config()
-    from chief.sidecar import follow
+    logs = RunDir(Path(args.run_dir)).logs
+    with native_stderr_to(logs / "evaluate.log") if logs.is_dir() else nullcontext():  # TensorFlow's C++ lines: the log
+        from chief.sidecar import follow
 
-    return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
+        return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
 
 
 def run_standalone(config: Config) -> int:
