@@ -92,7 +92,8 @@ def cluster():
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = subprocess.run(PSTRAIN + ["train", "--standalone", *JOB, "--steps", str(STEPS), "--run-dir", str(run_dir)], cwd=ROOT)
+    argv = PSTRAIN + ["train", "--standalone", *JOB, "--steps", str(STEPS), "--run-dir", str(run_dir)]
+    result = subprocess.run(argv, cwd=ROOT, timeout=300)  # one process: killed and reaped if it hangs
     assert result.returncode == 0
     return predictions(run_dir, recommender.small.eval_data()[0])
 
