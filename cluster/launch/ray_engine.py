@@ -87,7 +87,7 @@ def join_or_start(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"--address: no Ray cluster at {cluster.ray_address} ({first}); start one (docs/ray.md)") from None
         return
-    from cluster.launch.gpus import gpu_count
+    from cluster.launch.gpu_count import gpu_count
 
     ray.init(num_cpus=cpus, num_gpus=gpu_count(), include_dashboard=False, **common)
 
