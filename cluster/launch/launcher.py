@@ -15,7 +15,7 @@ from cluster import rundir
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
-from cluster.control.service import ControlPlane, serve
+from cluster.control.service import ControlService, serve
 from cluster.errors import ConfigError, PstrainError, writing
 from cluster.launch.console import say, say_stopped
 from cluster.launch.hosts import local_addresses
@@ -162,7 +162,7 @@ def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Crede
         registry.request_stop()
         stop.request(signal.SIGTERM, cause=reason)
 
-    servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
+    servicer = ControlService(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
     try:
         return serve(servicer, bind or cluster.control, creds)[0]
     except (OSError, RuntimeError) as e:
