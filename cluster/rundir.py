@@ -16,7 +16,7 @@ from typing import Any
 
 from cluster import __version__
 from cluster.config import ClusterConfig, ConfigError, TrainConfig
-from cluster.plan import cluster_spec
+from cluster.task_setup import cluster_spec
 
 LOCK_NAME = "pstrain.lock"  # cluster/runlock.py: one run per run dir
 
