@@ -16,7 +16,7 @@ from typing import Any
 
 from cluster import __version__
 from cluster.config import ClusterConfig, ConfigError, TrainConfig
-from cluster.plan import cluster_spec
+from cluster.task_setup import cluster_spec
 
 LOCK_NAME = "pstrain.lock"  # cluster/runlock.py: one run per run dir
 
@@ -85,12 +85,12 @@ class RunDir:
 
     @property
     def stream_record(self) -> Path:
-        """stream.json: a stream's slot batch and epoch length, once learnt (chief/data/streams.py)."""
+        """stream.json: a stream's slot batch and epoch length, once learnt (worker/input/streams.py)."""
         return self.path / "stream.json"
 
     @property
     def data(self) -> Path:
-        """data/: `train_data()` arrays written as .npy files for the workers (chief/data/tables.py)."""
+        """data/: `train_data()` arrays written as .npy files for the workers (worker/input/tables.py)."""
         return self.path / "data"
 
     @property
@@ -111,6 +111,12 @@ class RunDir:
     def token_file(self, record: ControlRecord) -> Path:
         """The token file `record` names (a relative name: in this run dir)."""
         return self.path / record.token_file
+
+    @property
+    def stop_cause(self) -> Path:
+        """logs/stop-cause: what asked the live launch to stop ("pstrain stop from HOST"), written by the
+        launcher before it signals the chief, so the chief's stop line names it; removed when the launch ends."""
+        return self.logs / "stop-cause"
 
     @property
     def control_record(self) -> Path:
@@ -183,6 +189,18 @@ def read_control(run_dir: Path) -> ControlRecord:
 
 def _optional(data: dict[str, Any]) -> dict[str, Any]:
     return {k: data[k] for k in ("tls_ca", "host", "pid") if k in data}
+
+
+def write_stop_cause(run_dir: Path, cause: str) -> None:
+    RunDir(run_dir).stop_cause.write_text(cause + "\n")
+
+
+def read_stop_cause(run_dir: Path) -> str:
+    """The cause the launcher wrote ("" when none: a stop by a signal, or no launcher)."""
+    try:
+        return RunDir(run_dir).stop_cause.read_text().strip()
+    except OSError:
+        return ""
 
 
 def latest_step(run_dir: Path) -> tuple[int, float] | None:

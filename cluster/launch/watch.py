@@ -12,6 +12,7 @@ module carries it out and says it on the console. It never starts a process itse
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -34,7 +35,7 @@ from cluster.policy import (
     restart_decision,
     silent_task_decision,
 )
-from cluster.rundir import checkpoint_progress, latest_checkpoint_step
+from cluster.rundir import checkpoint_progress, latest_checkpoint_step, write_stop_cause
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 
@@ -44,7 +45,7 @@ CHIEF_STOP_GRACE_S = 8.0  # a stopped chief is killed after this long without pr
 def describe_not_ready(child: Child) -> str:
     code = child.process.poll()
     state = "not registered" if code is None else f"exited with code {returncode_exit_code(code)}"
-    return f"{child.task.log_name} at {child.plan.address} ({state}; see {child.log_path})"
+    return f"{child.task.log_name} at {child.setup.address} ({state}; see {child.log_path})"
 
 
 def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop: StopTrap, chief: Child | None = None) -> str:
@@ -169,12 +170,12 @@ class ClusterWatch:
         return [c for c in self.supervisor.children if not c.task.is_chief]
 
     def _watch(self, chief: Child) -> int:
-        forwarded, deadline, progress, hold = False, 0.0, None, 0.0
+        forwarded, deadline, progress = False, 0.0, None
         while chief.process.poll() is None:
-            if self.stop.commanded and not self.failure and not hold:
-                # `pstrain stop`: the chief hears it (and its cause) at its next heartbeat; the signal only if not
-                hold = time.monotonic() + self.cluster.heartbeat_interval + 1.0
-            if (self.stop.requested or self.failure) and not forwarded and time.monotonic() >= hold:
+            if (self.stop.requested or self.failure) and not forwarded:
+                if self.stop.commanded and not self.failure:  # the chief's stop line names the command, not the signal
+                    with contextlib.suppress(OSError):
+                        write_stop_cause(self.run_dir, self.stop.cause)
                 chief.process.send_signal(self.stop.signum or signal.SIGTERM)
                 forwarded = True
             if forwarded:  # the grace counts from the checkpoint write's last progress: a large model's takes longer
@@ -187,10 +188,7 @@ class ClusterWatch:
                 self._restart_dead_servers()
                 self._check_silent()
                 self._check_logs()
-                if hold:
-                    time.sleep(0.1)
-                else:
-                    self.stop.wait(0.1)  # a signalled stop is forwarded as soon as it arrives
+                self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
         self.supervisor.reap(chief)
         return returncode_exit_code(chief.process.returncode)
 
