@@ -12,7 +12,7 @@ from cluster import cli, rundir
 from cluster.control.client import freshest_step
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
-from cluster.control.service import ControlPlane, serve
+from cluster.control.service import ControlService, serve
 from cluster.control.status_table import format_status
 from cluster.versions import local_versions
 
@@ -24,7 +24,7 @@ def served(tmp_path, bind: str, target: str):
     """A real control plane on `bind`, and a run dir whose control.json names it as `target`."""
     registry = Registry(EXPECTED, local_versions(), heartbeat_timeout=5, total_steps=100)
     stops: list[str] = []
-    servicer = ControlPlane(
+    servicer = ControlService(
         registry, 1.0, lambda reason: (stops.append(reason), registry.request_stop(reason)), lambda h: ({}, [])
     )
     server, port = serve(servicer, bind, Credentials("the-token"))
