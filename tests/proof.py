@@ -18,6 +18,10 @@ PROOF = (
     "tests/system/test_embeddings.py::test_a_chief_limited_below_the_table_trains_is_killed_and_resumes_on_another_ps_count",
     "tests/system/test_ray.py",  # docs/ray.md: the Ray engine on one machine
     "tests/system/test_ray_two_nodes.py",  # docs/ray.md: a Ray cluster of two nodes
+    "tests/system/test_ray_install.py",  # docs/ray.md: the Ray extra keeps one TensorFlow
+    # docs/faults.md: a read-only run dir and one on a full disk, each one line
+    "tests/system/test_mistakes.py::test_a_read_only_run_dir_is_one_line",
+    "tests/system/test_mistakes.py::test_a_full_disk_is_one_line",
     "tests/system/test_tfjob.py::test_tfjob_end_to_end_one_namespace_per_pod_with_a_chief_restart",  # docs/kubernetes.md
     "tests/system/test_slurm.py::test_slurm_end_to_end_on_two_namespaces",  # docs/slurm.md
     "tests/system/test_slurm.py::test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes",
