@@ -3,6 +3,7 @@ srun command end to end on two network namespaces, each a node with the variable
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -243,8 +244,11 @@ def test_slurm_end_to_end_on_two_namespaces(tmp_path):
                     subprocess.Popen(hosts[label].command(command), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
                 )
             deadline = time.monotonic() + 300
+            record = None  # control.json as the first node's launcher writes it (pstrain status --run-dir reads it)
             while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
                 seen |= descendant_pids(p.pid for p in processes)
+                if record is None and (run_dir / "control.json").exists():
+                    record = json.loads((run_dir / "control.json").read_text())
                 time.sleep(0.2)
         finally:
             for p in processes:
@@ -263,6 +267,9 @@ def test_slurm_end_to_end_on_two_namespaces(tmp_path):
     assert_both_workers_each_step(records, first_steps=(0,))  # both nodes' workers
     assert "running worker-1 at pstnode10:2226" in outputs[1]
     assert "registered with the control plane at pstnode9:2223" in (run_dir / "logs" / "worker-1.log").read_text()
+    # The token came from $PSTRAIN_TOKEN (the batch script's): the record names no file, only where to call.
+    assert record is not None and (record["target"], record["engine"], record["token_file"]) == ("pstnode9:2223", "slurm", "")
+    assert not (run_dir / "control.json").exists(), "removed when the launch ended"
 
 
 # A real single-node Slurm (slurmctld + slurmd + munge from the distribution), started by the test.
