@@ -79,9 +79,23 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
-def ca_path(creds: Credentials) -> str:
-    """The CA a client of this control plane trusts, as an absolute path ("" without TLS)."""
-    return os.path.abspath(creds.trusted_ca) if creds.trusted_ca else ""
+def client_target(control: str) -> str:
+    """`control` as a client in another directory calls it: a relative `unix:` socket path made absolute. Pure
+    but for the working directory."""
+    if control.startswith("unix:") and not control.startswith(("unix:/", "unix://")):
+        return "unix:" + os.path.abspath(control.removeprefix("unix:"))
+    return control
+
+
+def control_record(
+    cluster: ClusterConfig, run_dir: Path, token_file: str, creds: Credentials, engine: str
+) -> rundir.ControlRecord:
+    """control.json of this launch: where a client calls (`client_target`), the token's file (the run
+    dir's own by its name there, another one absolute; "" for $PSTRAIN_TOKEN) and the CA, absolute."""
+    own = token_file == str(rundir.RunDir(run_dir).control_token)
+    token = (os.path.relpath(token_file, run_dir) if own else os.path.abspath(token_file)) if token_file else ""
+    ca = os.path.abspath(creds.trusted_ca) if creds.trusted_ca else ""
+    return rundir.ControlRecord(client_target(cluster.control), engine, token, ca, socket.gethostname(), os.getpid())
 
 
 def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", engine: str = "") -> int:
@@ -132,10 +146,7 @@ def launch_locked(
     server, record = None, None
     try:
         server = serve_control_plane(cluster, registry, creds, stop, control_bind)
-        token = os.path.relpath(hint, run_dir) if hint == str(rundir.RunDir(run_dir).control_token) else os.path.abspath(hint)
-        record = rundir.ControlRecord(
-            cluster.control, engine or cluster.engine, token if hint else "", ca_path(creds), socket.gethostname(), os.getpid()
-        )
+        record = control_record(cluster, run_dir, hint, creds, engine or cluster.engine)
         with writing(run_dir):
             rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
             lock.set_control(str(run_dir))

@@ -102,3 +102,14 @@ def test_the_registry_says_how_old_the_chiefs_step_is():
     assert registry.status()["step_age_s"] == 3.0
     registry.heartbeat(("chief", 0), "training", {}, 128, {})
     assert registry.status()["step_age_s"] == 0.0
+
+
+def test_a_relative_unix_socket_is_recorded_absolute(tmp_path, monkeypatch):
+    """A control plane on a socket in the run dir, named relative to the launcher's directory, is
+    recorded so that status from any directory reaches it."""
+    from cluster.launch.launcher import client_target
+
+    monkeypatch.chdir(tmp_path)
+    assert client_target("unix:runs/x/control.sock") == f"unix:{tmp_path}/runs/x/control.sock"
+    assert client_target("unix:/abs/control.sock") == "unix:/abs/control.sock"
+    assert client_target("10.0.0.1:2223") == "10.0.0.1:2223"
