@@ -15,8 +15,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
-from cluster.config import Config, check_job_module, every_flag, load_toml, parse_address, resolve, with_train
+from cluster.config import Config, check_job_module, every_flag, load_toml, resolve, with_train
 from cluster.control.security import Credentials, load_token
+from cluster.doors import check_control_target
 from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
 from cluster.rundir import default_run_dir
 from cluster.slurm import PORT_BASE
@@ -41,11 +42,16 @@ TRAIN_FLAGS = (
 )
 
 
+CHIEF_HELP = "the chief's control plane: HOST:PORT, or unix:PATH (a local cluster's; the launch prints it)"
+ALLOW_HELP = "run even where the TF ports cannot be closed to outsiders (recorded in cluster.json; README: Security)"
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="cluster config (TOML); flags override it")
     parser.add_argument("--workers", type=int, help="number of workers on --host (free ports)")
     parser.add_argument("--ps", type=int, help="number of ps tasks on --host (free ports)")
     parser.add_argument("--host", help="address for tasks given by count (default 127.0.0.1)")
+    parser.add_argument("--allow-open-ports", action="store_true", default=None, help=ALLOW_HELP)
     for flag, kind, text in TRAIN_FLAGS:
         parser.add_argument(flag, type=kind, help=text)
 
@@ -87,14 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", "checkpoint and stop the cluster"),
     ):
         command = sub.add_parser(name, help=text)
-        command.add_argument("--chief", required=True, help="HOST:PORT of the chief's control plane")
+        command.add_argument("--chief", required=True, help=CHIEF_HELP)
         add_control_flags(command)
         if name == "status":
             command.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("plot", help="write PNGs of a run to RUN_DIR/plots/").add_argument("run_dir", metavar="RUN_DIR")
     doctor = sub.add_parser("doctor", help="check this machine (GPUs, drivers, ports, hosts) and a running cluster")
     doctor.add_argument("--config", help="the cluster config to check against (default: the defaults)")
-    doctor.add_argument("--chief", help="HOST:PORT of a running chief's control plane: versions, clock, round trip")
+    doctor.add_argument("--chief", help=CHIEF_HELP + ": versions, clock, round trip")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     add_control_flags(doctor)
     return parser
@@ -172,7 +178,7 @@ def control_call(args: argparse.Namespace) -> int:
     from cluster.control.service import RPC_TIMEOUT_S, status_dict, stub
     from cluster.control.status_table import format_status
 
-    parse_address("--chief", args.chief)
+    check_control_target("--chief", args.chief)
     control = stub(args.chief, control_credentials(args))
     try:
         if args.command == "stop":
@@ -206,7 +212,7 @@ def run_node_command(args: argparse.Namespace) -> int:
 
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
     raw = load_toml(args.config) if args.config else {}
-    overrides = {"workers": args.workers, "ps": args.ps, "host": args.host}
+    overrides = {"workers": args.workers, "ps": args.ps, "host": args.host, "allow_open_ports": args.allow_open_ports}
     for name in ("engine", "ray_address", "spread_workers"):  # `pstrain launch` only
         overrides[name] = getattr(args, name, None)
     for flag, _, _ in TRAIN_FLAGS:

@@ -10,6 +10,7 @@ import psutil
 
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts, gpus
+from cluster.doors import check_control_target
 from cluster.plan import cluster_spec
 from cluster.tfconfig import tf_config_text
 
@@ -74,7 +75,7 @@ def cluster_checks(chief: str, creds) -> list[checks.Check]:
 
     from cluster.versions import local_versions
 
-    parse_address("--chief", chief)
+    check_control_target("--chief", chief)
     try:
         status, trips, skew = facts.chief_status(chief, creds)
     except grpc.RpcError as e:

@@ -18,6 +18,7 @@ from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlPlane, serve
 from cluster.errors import ConfigError, PstrainError, writing
 from cluster.launch.console import say, say_stopped
+from cluster.launch.doors import closed
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
@@ -90,7 +91,10 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     check_writable(Path(train.run_dir))  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
-        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop)
+        with closed(cluster, local_tasks, lock.run_dir) as doors:
+            say(doors.line, warning=doors.open)
+            supervisor = Supervisor(rundir.RunDir(lock.run_dir).logs, doors.network)
+            return launch_locked(config, doors.cluster, creds, lock, local, local_tasks, control_bind, stop, supervisor)
 
 
 def launch_locked(
