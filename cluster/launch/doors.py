@@ -31,14 +31,15 @@ class Doors:
 
 
 @contextlib.contextmanager
-def closed(cluster: ClusterConfig, local_tasks: set | None, run_dir: Path) -> Iterator[Doors]:
+def closed(cluster: ClusterConfig, local_tasks: set | None, run_dir: Path, kinds: tuple | None = None) -> Iterator[Doors]:
     """The doors of this launch, for as long as it runs; a refusal (ConfigError) where a local cluster
-    cannot be closed and `allow_open_ports` is off. Leaves nothing behind (the socket is removed)."""
+    cannot be closed and `allow_open_ports` is off. Leaves nothing behind (the socket is removed).
+    `kinds`: the namespaces to try (default: those this user may make, netns.kinds_to_try)."""
     if not doors.closable_by_namespace(cluster, local_tasks):
         yield Doors(cluster, None, doors.remote_line())
         return
     try:
-        network = PrivateNetwork.make(kinds_to_try(os.geteuid()))
+        network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)
     except Unavailable as e:
         if not cluster.allow_open_ports:
             raise ConfigError(doors.refusal(str(e))) from None

@@ -17,6 +17,7 @@ from cluster.control.proto.generate import generated_files
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
+from cluster.doctor.listeners import listeners
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -157,6 +158,12 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             if status["state"] != "training" or status["step"] < 30:
                 return False
             seen["serving"] = {row["task"]: row["state"] for row in status["tasks"]}
+            pids = [row["pid"] for row in status["tasks"]]
+            # Where the doors are while it trains: no socket of any task in this (the user's) namespace,
+            # every TF server listening in the run's private one (seen through /proc/PID/net).
+            seen["host_view"] = [c for c in psutil.net_connections("inet") if c.pid in pids and c.status == psutil.CONN_LISTEN]
+            seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
+            seen["tasks_pids"] = set(pids)
             bad = tmp_path / "bad.token"
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
@@ -174,6 +181,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             seen["others"] = {row["task"]: row["state"] for row in live_status()["tasks"] if row["task"] != "worker:1"}
         return False
 
+    def control_of(run_dir) -> str:
+        return json.loads((run_dir / "cluster.json").read_text())["control"]
+
     def live_status() -> dict:
         """Polled in-process (real gRPC, no interpreter start-up per poll)."""
         control = json.loads((run_dir / "cluster.json").read_text())["control"]
@@ -182,6 +192,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
 
     result = run_pstrain(args, signal_when=drive)
     assert seen["serving"] == {"chief:0": "training", "ps:0": "serving", "worker:0": "serving", "worker:1": "serving"}
+    assert seen["host_view"] == [], "a task of a local cluster listens in the user's network namespace"
+    assert seen["inside"] == {(pid, True) for pid in seen["tasks_pids"]}, "each TF server listens, in the private namespace"
+    assert control_of(run_dir).startswith("unix:"), "status and stop went through the run dir's socket"
     refused = seen["refused"]
     assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
     assert seen["step_after_refusal"] >= 30, "training went on after the refused call"
