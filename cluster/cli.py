@@ -121,6 +121,7 @@ def add_deploy_commands(sub) -> None:
     tfjob.add_argument("--run-dir-claim", default="", help="PersistentVolumeClaim for the chief's run dir (default NAME-runs)")
     tfjob.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="the control plane's container port")
     tfjob.add_argument("--worker-gpus", dest="gpus_per_pod", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
+    tfjob.add_argument("--status-from", default="", help="KEY=VALUE: pods with this label may reach the control port too")
     slurm = kinds.add_parser("slurm", help="an sbatch script: one pstrain node --slurm per node")
     slurm.add_argument("--nodes", type=int, default=0, help="nodes (default: workers / GPUs per node)")
     slurm.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (0: CPU)")
@@ -143,7 +144,14 @@ def run_render(args: argparse.Namespace) -> int:
         from cluster.render.tfjob import TFJobOptions, render_tfjob, to_yaml
 
         options = TFJobOptions(
-            args.image, args.name, args.namespace, args.token_secret, args.run_dir_claim, args.control_port, args.gpus_per_pod
+            args.image,
+            args.name,
+            args.namespace,
+            args.token_secret,
+            args.run_dir_claim,
+            args.control_port,
+            args.gpus_per_pod,
+            args.status_from,
         )
         text = to_yaml(render_tfjob(config, options))
     else:
