@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 # Before grpc loads: the launcher forks tasks while its control-plane threads run. gRPC's fork
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
     node.add_argument("--slurm", action="store_true", help="this node's tasks from SLURM_* (one per node under srun)")
     node.add_argument("--port-base", type=int, default=PORT_BASE, help="with --slurm: chief port; control +1, tasks above")
+    node.add_argument("--allow-open-ports", action="store_true", help=ALLOW_HELP)
     add_control_flags(node)
     add_deploy_commands(sub)
     from cluster.forecast.command import add_plan_parser
@@ -214,6 +216,8 @@ def run_node_command(args: argparse.Namespace) -> int:
     config = resolve(load_toml(args.config)) if args.config else None
     creds = control_credentials(args, config.cluster if config else None)
     cluster, tasks = node_cluster(config.cluster if config else None, args.chief, creds, args.timeout)
+    if args.allow_open_ports:
+        cluster = replace(cluster, allow_open_ports=True)
     log_dir = Path(args.log_dir or f"runs/node-{time.strftime('%Y%m%d-%H%M%S')}/logs")
     return run_node(cluster, tasks, node_env(config, cluster, creds), log_dir)
 

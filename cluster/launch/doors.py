@@ -1,5 +1,7 @@
-"""Close a launch's doors (cluster/doors.py decides): for a local cluster, a private network namespace
-for its tasks and the control plane on a unix socket; else say plainly what stays open."""
+"""Close a launch's or node's doors (cluster/doors.py decides): a local cluster's tasks in a private
+network namespace with the control plane on a unix socket; on a machine of a multi-machine cluster,
+nftables rules admitting the cluster's hosts only (cluster/launch/firewall.py); else a refusal, or
+where pstrain cannot close them (Slurm as a user, a pod) a plain statement."""
 
 from __future__ import annotations
 
@@ -13,37 +15,43 @@ from pathlib import Path
 
 from cluster import doors
 from cluster.config import ClusterConfig, ConfigError
+from cluster.launch import firewall
 from cluster.launch.netns import PrivateNetwork, Unavailable, describe, kinds_to_try
+
+WHERE = ("launch", "node", "slurm", "pod")  # who runs: a refusal for launch and node, a statement otherwise
 
 
 @dataclass(frozen=True)
 class Doors:
     """How a launch runs: its cluster (the control target a closed one serves on), the namespace its
-    tasks start in (None: the host's network) and the console line that says so (a warning when open)."""
+    tasks start in (None: the host's network), the console line that says so, and whether it is open."""
 
     cluster: ClusterConfig
     network: PrivateNetwork | None
     line: str
-
-    @property
-    def open(self) -> bool:
-        return self.network is None
+    open: bool
 
 
 @contextlib.contextmanager
-def closed(cluster: ClusterConfig, local_tasks: set | None, run_dir: Path, kinds: tuple | None = None) -> Iterator[Doors]:
-    """The doors of this launch, for as long as it runs; a refusal (ConfigError) where a local cluster
-    cannot be closed and `allow_open_ports` is off. Leaves nothing behind (the socket is removed).
-    `kinds`: the namespaces to try (default: those this user may make, netns.kinds_to_try)."""
+def closed(
+    cluster: ClusterConfig, local_tasks: set | None, run_dir: Path, ports: list[int], where: str = "launch", kinds=None
+) -> Iterator[Doors]:
+    """The doors of this launch, for as long as it runs. `ports`: the TF ports of the tasks it runs on
+    this machine (chief included); `kinds`: the namespaces to try (default: netns.kinds_to_try).
+    A ConfigError refuses what cannot be closed (unless `allow_open_ports`). Leaves nothing behind."""
     if not doors.closable_by_namespace(cluster, local_tasks):
-        yield Doors(cluster, None, doors.remote_line())
+        if where == "pod":
+            yield Doors(cluster, None, doors.unclosed_line("pods: closed by the TFJob's NetworkPolicy where enforced"), True)
+            return
+        with node_rules(cluster, ports, where) as (line, is_open):
+            yield Doors(cluster, None, line, is_open)
         return
     try:
         network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)
     except Unavailable as e:
         if not cluster.allow_open_ports:
             raise ConfigError(doors.refusal(str(e))) from None
-        yield Doors(cluster, None, doors.open_line())
+        yield Doors(cluster, None, doors.open_line(), True)
         return
     path = doors.socket_in_run_dir(run_dir)
     spare = None if path else Path(tempfile.mkdtemp(prefix="pstrain-"))  # (private): the run dir's path is too long
@@ -51,9 +59,28 @@ def closed(cluster: ClusterConfig, local_tasks: set | None, run_dir: Path, kinds
     try:
         path.unlink(missing_ok=True)  # a socket a killed launcher left
         control = doors.unix_target(path)
-        yield Doors(replace(cluster, control=control), network, doors.closed_line(describe(network.kind), control))
+        yield Doors(replace(cluster, control=control), network, doors.closed_line(describe(network.kind), control), False)
     finally:
         network.close()
         path.unlink(missing_ok=True)
         if spare is not None:
             shutil.rmtree(spare, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def node_rules(cluster: ClusterConfig, ports: list[int], where: str) -> Iterator[tuple[str, bool]]:
+    """This machine's TF `ports` closed to all but the cluster's hosts while the block runs; yields
+    (console line, open). Where the rules cannot be made: a refusal for `launch` and `node` (unless
+    `allow_open_ports`), a plain statement for Slurm."""
+    why = firewall.why_not()
+    if not why:
+        try:
+            peers = firewall.peer_addresses(cluster)
+            with firewall.rules(ports, peers) as table:
+                yield doors.rules_line(ports, peers, table), False
+            return
+        except firewall.Unclosable as e:
+            why = str(e)
+    if where in ("launch", "node") and not cluster.allow_open_ports:
+        raise ConfigError(doors.node_refusal(why))
+    yield (doors.open_line() if cluster.allow_open_ports else doors.unclosed_line(why)), True

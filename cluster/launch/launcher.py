@@ -78,12 +78,13 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "") -> int:
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", where: str = "launch") -> int:
     """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
-    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself.
+    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
+    `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/doors.py).
     """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
@@ -91,7 +92,7 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     check_writable(Path(train.run_dir))  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
-        with closed(cluster, local_tasks, lock.run_dir) as doors:
+        with closed(cluster, local_tasks, lock.run_dir, ports_here(cluster, local, local_tasks), where) as doors:
             say(doors.line, warning=doors.open)
             supervisor = Supervisor(rundir.RunDir(lock.run_dir).logs, doors.network)
             return launch_locked(config, doors.cluster, creds, lock, local, local_tasks, control_bind, stop, supervisor)
@@ -185,6 +186,12 @@ def start_local_servers(
     if gpu_sharers(cluster):
         say(f"GPUs: {gpu_line(cluster)}")
     return servers
+
+
+def ports_here(cluster: ClusterConfig, local: frozenset[str], local_tasks) -> list[int]:
+    """The TF ports of the tasks this launcher runs on this machine: the chief's and its local servers'."""
+    plans = [plan_task(cluster, "chief", 0), *(p for p in plan_servers(cluster) if runs_here(p, local, local_tasks))]
+    return [parse_address("task", plan.address)[1] for plan in plans]
 
 
 def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
