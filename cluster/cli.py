@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--config", help="the cluster config to check against (default: the defaults)")
     doctor.add_argument("--chief", help=CHIEF_HELP + ": versions, clock, round trip")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--run-dir", default="", help="a running run's dir: every port it listens on, and who reaches it")
     add_control_flags(doctor)
     return parser
 
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from cluster.doctor.run import doctor
 
-            return doctor(args.config, args.chief, control_credentials(args) if args.chief else None, args.json)
+            return doctor(args.config, args.chief, control_credentials(args) if args.chief else None, args.json, args.run_dir)
         if args.command == "plot":
             from chief.plots import render
 

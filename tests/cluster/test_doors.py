@@ -77,3 +77,14 @@ def test_who_reaches_a_listener():
     assert "any host" in Listener(1, "::", 5, private=False).reach
     assert "loopback" in Listener(1, "127.0.0.1", 5, private=False).reach
     assert "private network namespace" in Listener(1, "0.0.0.0", 5, private=True).reach
+
+
+def test_doctor_warns_of_a_tf_port_anyone_reaches_and_not_of_the_control_plane():
+    from cluster.doctor.checks import doors as door_checks
+
+    anyone, private = "any host that reaches this machine", "the run's own tasks only (private network namespace)"
+    found = door_checks([(7, "-m worker", "::", 2222, anyone), (6, "launch", "0.0.0.0", 2229, anyone)], "10.0.0.1:2229")
+    assert [(c.level, c.name) for c in found] == [("WARN", "doors.2222"), ("INFO", "doors.2229")]
+    assert "[::]:2222" in found[0].message and "control plane" in found[1].message and found[0].fix
+    closed = door_checks([(7, "-m worker", "0.0.0.0", 40000, private)], "unix:/r/control.sock")
+    assert [c.level for c in closed] == ["INFO", "INFO"] and "unix socket" in closed[0].message

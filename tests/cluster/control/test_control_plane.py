@@ -18,6 +18,7 @@ from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
 from cluster.doctor.listeners import listeners
+from cluster.doctor.run import run_doors
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -164,6 +165,7 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             seen["host_view"] = [c for c in psutil.net_connections("inet") if c.pid in pids and c.status == psutil.CONN_LISTEN]
             seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
             seen["tasks_pids"] = set(pids)
+            seen["doctor"] = [(c.level, c.message) for c in run_doors(run_dir)]
             bad = tmp_path / "bad.token"
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
@@ -195,6 +197,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     assert seen["host_view"] == [], "a task of a local cluster listens in the user's network namespace"
     assert seen["inside"] == {(pid, True) for pid in seen["tasks_pids"]}, "each TF server listens, in the private namespace"
     assert control_of(run_dir).startswith("unix:"), "status and stop went through the run dir's socket"
+    listed = [m for _, m in seen["doctor"] if "listens on" in m]
+    assert len(listed) == 4 and all("reached by the run's own tasks only" in m for m in listed), seen["doctor"]
+    assert {level for level, _ in seen["doctor"]} == {"INFO"}, "doctor --run-dir: no door open to anyone"
     refused = seen["refused"]
     assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
     assert seen["step_after_refusal"] >= 30, "training went on after the refused call"
