@@ -107,7 +107,10 @@ class PrivateNetwork:
     @classmethod
     def _make(cls, kind: str) -> PrivateNetwork:
         argv = [sys.executable, "-m", "cluster.launch.netns", "make", kind]
-        maker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # A session of its own: a Ctrl-C meant for the launcher's stop trap does not kill the maker.
+        maker = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
         try:
             ready, _, _ = select.select([maker.stdout], [], [], MAKE_TIMEOUT_S)
             line = maker.stdout.readline().decode().strip() if ready else ""
