@@ -5,9 +5,12 @@ cannot be made refuses a local launch in one line unless --allow-open-ports."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from cluster.doctor.listeners import listeners
 from cluster.launch.doors import closed
 from cluster.launch.netns import PrivateNetwork
 from tests.netns import netns_tier
+
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = netns_tier()  # "root" needs root; the same run makes the unprivileged kind too
 
@@ -63,11 +68,54 @@ def test_a_task_that_cannot_enter_never_runs_outside():
 
 def test_no_namespace_refuses_a_local_launch_unless_open_ports_are_allowed(tmp_path):
     cluster = resolve({}).cluster
-    with pytest.raises(ConfigError, match="--allow-open-ports"), closed(cluster, None, tmp_path, kinds=()):
+    with pytest.raises(ConfigError, match="--allow-open-ports"), closed(cluster, None, tmp_path, [], kinds=()):
         pass
     allowed = resolve({}, {"allow_open_ports": True}).cluster
-    with closed(allowed, None, tmp_path, kinds=()) as doors:
+    with closed(allowed, None, tmp_path, [], kinds=()) as doors:
         assert doors.open and doors.network is None and doors.cluster == allowed and "open on request" in doors.line
-    with closed(cluster, None, tmp_path) as doors:
+    with closed(cluster, None, tmp_path, []) as doors:
         assert not doors.open and doors.cluster.control == f"unix:{tmp_path}/control.sock"
     assert not (tmp_path / "control.sock").exists()
+
+
+UNPRIVILEGED = """\
+import os, socket, subprocess, sys
+from cluster.launch.netns import PrivateNetwork
+network = PrivateNetwork.make(("user",))
+serve = "import os,socket;s=socket.create_server(('0.0.0.0',0));print(os.getuid(),s.getsockname()[1],flush=True);input()"
+server = subprocess.Popen(network.wrap([sys.executable, "-c", serve]), pass_fds=network.fds, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+uid, port = map(int, server.stdout.readline().split())
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    outside = "connected"
+except ConnectionRefusedError:
+    outside = "refused"
+server.stdin.close()
+server.wait()
+print(os.getuid(), uid, outside)
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is not installed")
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="no system /usr/bin/python3 that nobody may run")
+def test_an_unprivileged_user_makes_the_namespace_and_its_tasks_keep_their_uid(tmp_path):
+    """As `nobody` (setpriv), with the package copied where nobody can read it: the kind a non-root
+    launcher makes, for real without privilege."""
+    switch = Path("/proc/sys/kernel/unprivileged_userns_clone")
+    if switch.exists() and switch.read_text().strip() == "0":
+        pytest.skip("this kernel refuses unprivileged user namespaces (kernel.unprivileged_userns_clone=0)")
+    root = Path(tempfile.mkdtemp(prefix="pst-nobody-"))
+    try:
+        for name in ("cluster/__init__.py", "cluster/launch/__init__.py", "cluster/launch/netns.py"):
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, root / name)
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o755)
+        python = "/usr/bin/python3"  # one that `nobody` may run (the netns module needs the standard library only)
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", UNPRIVILEGED]
+        env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(root)
+    assert done.stdout.split() == ["65534", "65534", "refused"], done.stderr
