@@ -1,5 +1,5 @@
 """The tests the docs cite as proof of what cannot be checked in one process on one machine: two machines,
-Ray, Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
+closed ports, Ray, Kubernetes, Slurm and a full disk. A skip of one of these is never silent in CI (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 PROOF = (
     "tests/system/test_two_machines.py",  # docs/two-machines.md
+    "tests/system/test_doors_two_machines.py",  # README Security, docs/two-machines.md: outsiders refused, rules removed
+    "tests/cluster/launch/test_private_network.py",  # README Security: a local cluster's private network namespace
     "tests/system/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
     # docs/embeddings.md: a ps that cannot reach the checkpoint directory
     "tests/system/test_unshared_checkpoints.py::test_a_ps_without_the_run_dir_checkpoints_through_the_chief_and_ends_as_standalone",
