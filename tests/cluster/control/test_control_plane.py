@@ -19,6 +19,7 @@ from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
 from cluster.doctor.listeners import listeners
 from cluster.doctor.run import run_doors
+from cluster.runlock import read_holder
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -162,7 +163,8 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             pids = [row["pid"] for row in status["tasks"]]
             # Where the doors are while it trains: no socket of any task in this (the user's) namespace,
             # every TF server listening in the run's private one (seen through /proc/PID/net).
-            seen["host_view"] = [c for c in psutil.net_connections("inet") if c.pid in pids and c.status == psutil.CONN_LISTEN]
+            run = {*pids, read_holder(run_dir).pid}  # the tasks and the launcher (the run dir lock's holder)
+            seen["host_view"] = [c for c in psutil.net_connections("inet") if c.pid in run and c.status == psutil.CONN_LISTEN]
             seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
             seen["tasks_pids"] = set(pids)
             seen["doctor"] = [(c.level, c.message) for c in run_doors(run_dir)]
@@ -194,7 +196,7 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
 
     result = run_pstrain(args, signal_when=drive)
     assert seen["serving"] == {"chief:0": "training", "ps:0": "serving", "worker:0": "serving", "worker:1": "serving"}
-    assert seen["host_view"] == [], "a task of a local cluster listens in the user's network namespace"
+    assert seen["host_view"] == [], "a process of a local cluster listens on TCP in the user's network namespace"
     assert seen["inside"] == {(pid, True) for pid in seen["tasks_pids"]}, "each TF server listens, in the private namespace"
     assert control_of(run_dir).startswith("unix:"), "status and stop went through the run dir's socket"
     listed = [m for _, m in seen["doctor"] if "listens on" in m]
