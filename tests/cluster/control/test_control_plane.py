@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -17,7 +19,7 @@ from cluster.control.proto.generate import generated_files
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
-from cluster.doctor.listeners import listeners
+from cluster.doctor.listeners import listeners, parse_table
 from cluster.doctor.run import run_doors
 from cluster.runlock import read_holder
 from cluster.versions import local_versions
@@ -133,6 +135,20 @@ def test_registration_over_grpc_refuses_skew(control_plane):
     assert ("worker", 0) not in registry.tasks
 
 
+def listening_here(pids: set[int]) -> list[tuple[str, int]]:
+    """The listening TCP sockets of `pids` as this (the user's) network namespace sees them: its own
+    /proc/net tables matched to the sockets the processes hold (what `ss -ltnp` shows for them)."""
+    table = {**parse_table(Path("/proc/self/net/tcp").read_text()), **parse_table(Path("/proc/self/net/tcp6").read_text())}
+    held = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    held.add(int(target[8:-1]))
+    return [table[inode] for inode in held if inode in table]
+
+
 def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
     argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token_file), "--json"]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -164,7 +180,7 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             # Where the doors are while it trains: no socket of any task in this (the user's) namespace,
             # every TF server listening in the run's private one (seen through /proc/PID/net).
             run = {*pids, read_holder(run_dir).pid}  # the tasks and the launcher (the run dir lock's holder)
-            seen["host_view"] = [c for c in psutil.net_connections("inet") if c.pid in run and c.status == psutil.CONN_LISTEN]
+            seen["host_view"] = listening_here(run)
             seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
             seen["tasks_pids"] = set(pids)
             seen["doctor"] = [(c.level, c.message) for c in run_doors(run_dir)]
