@@ -24,8 +24,8 @@ from cluster.launch.doors import node_rules
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module
-from cluster.plan import plan_task
 from cluster.stop import StopTrap
+from cluster.task_setup import task_setup
 
 
 def tasks_from_config(cluster: ClusterConfig, local: frozenset[str]) -> list[tuple[str, int]]:
@@ -83,14 +83,15 @@ def run_node(
         raise ConfigError("cluster: no task of this cluster is assigned to this machine; check the hosts in the config")
     log_dir.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(log_dir)
-    ports = [parse_address("task", plan_task(cluster, kind, index).address)[1] for kind, index in tasks]
+    ports = [parse_address("task", task_setup(cluster, kind, index).address)[1] for kind, index in tasks]
     with StopTrap() as stop, node_rules(cluster, ports, where) as (line, is_open):
         print(f"pstrain node: {'warning: ' if is_open else ''}{line}", file=sys.stderr if is_open else sys.stdout, flush=True)
         try:
             children = [
-                supervisor.start(plan_task(cluster, kind, index), python_module("worker"), extra_env=env) for kind, index in tasks
+                supervisor.start(task_setup(cluster, kind, index), python_module("worker"), extra_env=env)
+                for kind, index in tasks
             ]
-            names = ", ".join(f"{c.task.log_name} at {c.plan.address}" for c in children)
+            names = ", ".join(f"{c.task.log_name} at {c.setup.address}" for c in children)
             print(f"pstrain node: running {names}; chief control plane {cluster.control}; logs in {log_dir}", flush=True)
             while not stop.requested and any(c.process.poll() is None for c in children):
                 time.sleep(0.2)
