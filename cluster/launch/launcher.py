@@ -17,8 +17,8 @@ from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlService, serve
 from cluster.errors import ConfigError, PstrainError, writing
+from cluster.launch.closing import closed
 from cluster.launch.console import say, say_stopped
-from cluster.launch.doors import closed
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
@@ -84,7 +84,7 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
     `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
-    `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/doors.py).
+    `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/closing.py).
     """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)

@@ -20,7 +20,7 @@ from cluster.control.proto import control_pb2 as pb
 from cluster.control.security import Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
 from cluster.errors import returncode_exit_code
-from cluster.launch.doors import node_rules
+from cluster.launch.closing import node_rules
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module

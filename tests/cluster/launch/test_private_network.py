@@ -16,7 +16,7 @@ import pytest
 
 from cluster.config import ConfigError, resolve
 from cluster.doctor.listeners import listeners
-from cluster.launch.doors import closed
+from cluster.launch.closing import closed
 from cluster.launch.netns import PrivateNetwork
 from tests.netns import netns_tier
 
