@@ -91,15 +91,17 @@ def until(condition, processes, seen: set[int], timeout_s: float = 300) -> None:
 
 
 def reap(processes, seen: set[int]) -> None:
+    """Every process of the run gone (the tasks of a killed launcher or node exit by their death
+    signal, which takes a moment on busy cores: awaited); whatever is left is killed after the check."""
     for p in processes:
         if p.poll() is None:
             p.kill()
         p.wait()
-    left = alive(seen)
-    for p in left:
-        p.kill()
-    assert not left, f"processes left running: {[p.pid for p in left]}"
-    assert_no_orphans(Result(0, "", seen))
+    try:
+        assert_no_orphans(Result(0, "", seen))
+    finally:
+        for p in alive(seen):
+            p.kill()
 
 
 def test_an_outsider_is_refused_on_every_tf_port_while_members_train_and_the_rules_go_at_the_end(tmp_path):
