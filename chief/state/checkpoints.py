@@ -102,7 +102,8 @@ def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     """Everything a checkpoint holds, in an order both copies share. A new-style optimizer lists the
     slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
     optimizer = state.optimizer.variables
-    optimizer = [shard for v in (optimizer() if callable(optimizer) else optimizer) for shard in getattr(v, "variables", [v])]
+    optimizer = variables_of(optimizer() if callable(optimizer) else optimizer)
+    optimizer = [shard for v in optimizer for shard in getattr(v, "variables", [v])]
     return [*variables_of(state.model.weights), *optimizer, state.global_step]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from chief.data.readahead import request_tag
+from chief.state.model_state import trainable_of
 from chief.step.clipping import apply_clipped
 from chief.step.gate import ABORT
 from chief.step.gradients import all_finite
@@ -112,7 +113,7 @@ def apply_loop(state, replica, aggregator, gate, loss_var, stopping, widths: tup
     @tf.function(autograph=False)
     def apply_means(means):
         """One step's update; as a function call it has finished, every write done, when it returns."""
-        apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
+        apply_step(optimizer, trainable_of(replica.model), replica.state_variables, means)
         return tf.constant(True)
 
     @tf.function(autograph=False)
