@@ -235,6 +235,21 @@ def learning_rate_schedule(optimizer: Any) -> Callable[[int], float] | None:
     return None
 
 
+def keras3_seed_generators(model: Any) -> list[tuple[int, int, Any]]:
+    """(layer position, index in the layer, generator) for every Keras 3 `keras.random.SeedGenerator` of
+    `model`'s layers (Dropout's, GaussianNoise's, ...); none for a tf_keras model."""
+    return [
+        (position, index, generator)
+        for position, layer in enumerate(model._flatten_layers(include_self=False))
+        for index, generator in enumerate(getattr(layer, "_seed_generators", None) or [])
+    ]
+
+
+def seed_states(model: Any) -> list[Any]:
+    """The state variables of the model's Keras 3 seed generators: not among its weights, but in its checkpoint."""
+    return [tf_variable(generator.state) for _, _, generator in keras3_seed_generators(model)]
+
+
 def seed_keras3(seed: int) -> None:
     """Seed Keras 3 as `keras.utils.set_random_seed` does (its global SeedGenerator too), when a job
     imported it: its initializers draw their seeds from Python's `random`, which tf_keras seeds too."""
@@ -245,15 +260,9 @@ def seed_keras3(seed: int) -> None:
 
 def refuse_keras3_features(spec: str, model: Any, optimizer: Any) -> None:
     """Raise JobError (one line, naming the feature and what to use instead) for what pstrain cannot
-    train exactly on Keras 3 yet: random layers (a `SeedGenerator`'s state is written each call),
-    mixed_float16 (loss scaling), and the optimizer's own loss scaling or gradient accumulation."""
+    train exactly on Keras 3 yet: mixed_float16 (loss scaling), and the optimizer's own loss scaling
+    or gradient accumulation."""
     for layer in model._flatten_layers(include_self=True):
-        if getattr(layer, "_seed_generators", None):
-            raise JobError(
-                f"--job {spec}: Keras 3 layer {layer.name!r} ({type(layer).__name__}) draws random numbers "
-                "(a keras.random.SeedGenerator), which pstrain cannot make synchronous yet; remove it, "
-                "or write the job with tf_keras (tf_keras.layers.Dropout and the other random layers train exactly)"
-            )
         policy = getattr(layer, "dtype_policy", None)
         if getattr(policy, "compute_dtype", None) == "float16":
             raise JobError(

@@ -27,6 +27,7 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.checkpoint import checkpoint_management
 
+from chief.framework import seed_states
 from chief.state.model_state import ModelState, finalize_layers, variables_of
 from cluster.errors import TrainingError, writing
 
@@ -104,7 +105,7 @@ def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     optimizer = state.optimizer.variables
     optimizer = variables_of(optimizer() if callable(optimizer) else optimizer)
     optimizer = [shard for v in optimizer for shard in getattr(v, "variables", [v])]
-    return [*variables_of(state.model.weights), *optimizer, state.global_step]
+    return [*variables_of(state.model.weights), *seed_states(state.model), *optimizer, state.global_step]
 
 
 class Checkpoints:

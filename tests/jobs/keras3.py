@@ -2,9 +2,10 @@
 
 `Compiled`: a functional model (an embedding table, BatchNormalization, a kernel constraint and an L2
 regularizer) whose loss, optimizer (Adam) and metrics come from `compile()`. `Plain`: an uncompiled
-Sequential regression with a job-defined Keras 3 loss, optimizer (SGD with momentum and a schedule)
-and metrics, trained on sample weights. The refused ones each name what they lack: `MixedOptimizer`
-(a Keras 3 model with a tf_keras optimizer), `MixedLoss` (a tf_keras Loss object), `WithDropout`.
+Sequential regression with Dropout and a job-defined Keras 3 loss, optimizer (SGD with momentum and a
+schedule) and metrics, trained on sample weights. The refused ones each name what they lack:
+`MixedOptimizer` (a Keras 3 model with a tf_keras optimizer), `MixedLoss` (a tf_keras Loss object),
+`HalfPrecision` (mixed_float16).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Compiled:
         extra = keras.Input((3,), name="extra")
         x = keras.layers.Flatten()(keras.layers.Embedding(VOCABULARY, 8, name="table")(ids))
         x = keras.layers.Concatenate()([x, extra])
-        limited = {"kernel_regularizer": keras.regularizers.L2(1e-3), "kernel_constraint": keras.constraints.MaxNorm(2.0)}
+        limited = {"kernel_regularizer": keras.regularizers.L2(1e-3), "kernel_constraint": keras.constraints.MaxNorm(1.0)}
         x = keras.layers.Dense(16, **limited)(x)
         x = keras.layers.BatchNormalization(momentum=0.9)(x)
         x = keras.layers.Activation("relu")(x)
@@ -62,7 +63,8 @@ def regression_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 class Plain:
     @staticmethod
     def model_fn() -> keras.Model:
-        return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        layers = [keras.layers.Dense(8, activation="tanh"), keras.layers.Dropout(0.2), keras.layers.Dense(1)]
+        return keras.Sequential([keras.Input((5,)), *layers])
 
     loss_fn = keras.losses.MeanSquaredError()
 
@@ -94,7 +96,7 @@ class MixedLoss(Plain):
     loss_fn = tf_keras.losses.MeanSquaredError()
 
 
-class WithDropout(Plain):
+class HalfPrecision(Plain):
     @staticmethod
     def model_fn() -> keras.Model:
-        return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8), keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+        return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, dtype="mixed_float16"), keras.layers.Dense(1)])
