@@ -29,7 +29,7 @@ from chief.framework import (
 )
 from cluster.errors import JobError
 
-LOSS_FORMS = "a function, a Loss (of the model's Keras), a loss name, or a list/dict of those per output"
+LOSS_FORMS = "a function, a tf_keras.losses.Loss or keras.losses.Loss, a loss name, or a list/dict of those per output"
 
 
 def _found(value: Any) -> str:

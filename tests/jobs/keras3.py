@@ -5,7 +5,9 @@ regularizer) whose loss, optimizer (Adam) and metrics come from `compile()`. `Pl
 Sequential regression with Dropout and a job-defined Keras 3 loss, optimizer (SGD with momentum and a
 schedule) and metrics, trained on sample weights. The refused ones each name what they lack:
 `MixedOptimizer` (a Keras 3 model with a tf_keras optimizer), `MixedLoss` (a tf_keras Loss object),
-`HalfPrecision` (mixed_float16).
+`HalfPrecision` (mixed_float16), `MixedMetrics`, `Accumulating` (gradient accumulation),
+`WeightedMeanLoss` (a reduction by the sum of weights). `Fit` is compiled as keras.io compiles
+(a loss name), for a step compared with `model.fit`.
 """
 
 from __future__ import annotations
@@ -99,4 +101,33 @@ class MixedLoss(Plain):
 class HalfPrecision(Plain):
     @staticmethod
     def model_fn() -> keras.Model:
-        return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, dtype="mixed_float16"), keras.layers.Dense(1)])
+        return keras.Sequential(
+            [keras.Input((5,)), keras.layers.Dense(8, dtype="mixed_float16", name="half"), keras.layers.Dense(1)]
+        )
+
+
+class Fit(Plain):
+    @staticmethod
+    def model_fn() -> keras.Model:
+        limited = {"kernel_regularizer": keras.regularizers.L2(1e-2), "kernel_constraint": keras.constraints.MaxNorm(0.8)}
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh", **limited), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.5), loss="mse")
+        return model
+
+    loss_fn = optimizer_fn = metrics_fn = None
+
+
+class MixedMetrics(Plain):
+    @staticmethod
+    def metrics_fn():
+        return [tf_keras.metrics.MeanAbsoluteError()]
+
+
+class Accumulating(Plain):
+    @staticmethod
+    def optimizer_fn():
+        return keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)
+
+
+class WeightedMeanLoss(Plain):
+    loss_fn = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
