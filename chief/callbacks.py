@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job, JobError
+from chief.contract.job import Job, JobError
 from chief.metrics import learning_rate_fn
 from cluster.errors import TrainingError
 

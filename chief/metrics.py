@@ -65,7 +65,7 @@ def learning_rate_fn(optimizer: Any) -> Callable[[int], float | None]:
     rate is read once (on a cluster it is a variable on a ps); None where the optimizer has none."""
     import tf_keras
 
-    from chief.framework import learning_rate_schedule
+    from chief.contract.framework import learning_rate_schedule
 
     if (scheduled := learning_rate_schedule(optimizer)) is not None:  # Keras 3
         return scheduled

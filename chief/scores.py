@@ -8,9 +8,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.framework import EvalMetrics
+from chief.contract.job import Job, JobError
 from chief.data.eval_set import EvalSet
-from chief.framework import EvalMetrics
-from chief.job import Job, JobError
 
 
 def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
@@ -21,7 +21,7 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     The set is read `batch` examples at a time: memory does not grow with it. Each output's loss is
     combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM).
     """
-    from chief.step.losses import output_losses
+    from worker.replica.losses import output_losses
 
     # In a function an embedding lookup reads only the rows it needs: called eagerly, a table split over
     # ps tasks was concatenated whole on the caller.

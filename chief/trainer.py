@@ -26,11 +26,11 @@ import numpy as np
 import tensorflow as tf
 
 from chief.callbacks import fit_callbacks
+from chief.contract.job import Job, job_file, load_job
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import explain_worker_error, train_source
 from chief.epochs import EpochPlan, epoch_plan, pass_length
 from chief.export import export_saved_model
-from chief.job import Job, job_file, load_job
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.scores import evaluate
 from chief.state.adapted import check_adapted

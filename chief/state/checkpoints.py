@@ -27,7 +27,7 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.checkpoint import checkpoint_management
 
-from chief.framework import seed_states
+from chief.contract.framework import seed_states
 from chief.state.model_state import ModelState, finalize_layers, variables_of
 from cluster.errors import TrainingError, writing
 

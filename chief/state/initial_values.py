@@ -38,9 +38,9 @@ import tensorflow as tf
 import tf_keras
 from tf_keras.src.initializers import initializers as keras_initializers
 
-from chief.data.arrays import batches_of
-from chief.framework import seed_keras3
-from chief.job import JobError
+from chief.contract.arrays import batches_of
+from chief.contract.framework import seed_keras3
+from chief.contract.job import JobError
 from chief.state.unfilled import unfilled, variable_bytes
 
 log = logging.getLogger("pstrain.chief")

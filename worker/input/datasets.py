@@ -1,0 +1,145 @@
+"""`DatasetSource`: the job's `tf.data.Dataset` of single examples (element i = example i), read by
+position with `tf.data.experimental.at` in a parallel map, so memory does not grow with the set; and
+the checks that decide whether a pipeline can be read so (else it is a stream: worker/input/streams.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from chief.contract.as_written import as_written
+from chief.contract.job import JobError
+from worker.input.readahead import ReadAhead
+from worker.input.sources import READ_PARALLELISM, Nest, Source, digest, sample_positions
+
+
+def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
+    """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch
+    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to)."""
+    n = indices.shape[0]
+    reads = tf.data.Dataset.from_tensor_slices(indices).map(
+        lambda i: tf.data.experimental.at(dataset, i), num_parallel_calls=READ_PARALLELISM, deterministic=True
+    )
+    if n is not None:  # exactly n elements: one full batch, with its size in the static shape
+        return reads.batch(n, drop_remainder=True).get_single_element()
+    return reads.batch(tf.size(indices, out_type=tf.int64)).get_single_element()
+
+
+_SHAPES = re.compile(r"First element had shape (\[[^\]]*\]) and element (\d+) had shape (\[[^\]]*\])")
+
+
+@contextlib.contextmanager
+def one_shape(what: str) -> Iterator[None]:
+    """Within the block, batching examples of different shapes raises a JobError naming them: a job whose
+    pipeline batches (each example then a batch, the last one shorter) or yields ragged examples."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as e:
+        found = _SHAPES.search(e.message or "")
+        if not found:
+            raise
+        first, _, other = found.groups()
+        raise JobError(
+            f"{what}: its examples differ in shape (one {first}, another {other}); give single examples of "
+            "one shape, which pstrain batches (a .batch() in the pipeline makes each example a batch)"
+        ) from None
+
+
+def pipeline(dataset: tf.data.Dataset) -> list[tf.data.Dataset]:
+    """`dataset` and every dataset it is made from."""
+    found, todo = [], [dataset]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(found[-1]._inputs())
+    return found
+
+
+def draws_at_random(dataset: tf.data.Dataset) -> bool:
+    """Whether `dataset` maps with a function that holds a stateful random op (`tf.random.uniform`)."""
+    from chief.contract.graph_ops import STATEFUL_RANDOM_OPS, unsupported_ops
+
+    function = getattr(getattr(dataset, "_map_func", None), "function", None)
+    return function is not None and any(op in STATEFUL_RANDOM_OPS for op, _ in unsupported_ops(function.graph))
+
+
+class DatasetSource(Source):
+    """The job's `train_dataset()`: built on each worker from that worker's files, read by position."""
+
+    def __init__(self, make: Callable[[], tf.data.Dataset], what: str):
+        self.make, self.what = make, what
+        self._local: tuple[str, tf.data.Dataset] | None = None
+        cardinality = int(self.local().cardinality().numpy())
+        if cardinality == 0:
+            raise JobError(f"{what}: the dataset is empty; give at least one slot batch of examples")
+        self.num_examples = cardinality
+        with one_shape(what):
+            self.fingerprint()
+
+    @staticmethod
+    def random_access(dataset: tf.data.Dataset) -> bool:
+        """Whether `dataset` can be read by position: a known finite size, no shuffle, and `at` works on
+        it (reads example 0; a pipeline with TFRecordDataset, interleave, filter ... is read as a stream).
+        `at` works on a shuffle, but each read starts a new iterator, whose order a reshuffle changes:
+        a shuffled pipeline is read as a stream, made afresh (the same order, with a seed) each epoch.
+        So is one whose map draws with stateful random ops: each read would draw anew (and `at` on it
+        was seen to crash the process)."""
+        if int(dataset.cardinality().numpy()) <= 0:
+            return False
+        if any("Shuffle" in type(d).__name__ or draws_at_random(d) for d in pipeline(dataset)):
+            return False
+        try:
+            tf.data.experimental.at(dataset, 0)
+        except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError):  # the op names the step that is not
+            return False
+        return True
+
+    @staticmethod
+    def made(make: Callable[[], tf.data.Dataset], what: str) -> tf.data.Dataset:
+        """`make()`, checked to be a dataset. Made as the job wrote it (`as_written`): a worker
+        may make it inside a closure that pstrain traces with AutoGraph off, and a map function's Python
+        `if` on a tensor needs AutoGraph on where `map` is called."""
+        dataset = as_written(make)()
+        if not isinstance(dataset, tf.data.Dataset):
+            raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+        return dataset
+
+    def local(self) -> tf.data.Dataset:
+        """The dataset in this process, made again once the process has joined a cluster (its devices change)."""
+        space = context.context().host_address_space()
+        if self._local is None or self._local[0] != space:
+            self._local = (space, self.made(self.make, self.what))
+        return self._local[1]
+
+    def read_local(self, indices: np.ndarray) -> Nest:
+        return read_positions(self.local(), tf.constant(np.asarray(indices, np.int64)))
+
+    def _build(self):
+        dataset = self.make()
+        return dataset.cardinality(), dataset
+
+    def _read(self, handle, indices):
+        return read_positions(handle, indices)
+
+    reads_ahead = True  # each read opens files: worth doing while the previous step computes
+
+    def dataset_fn(self, readahead: ReadAhead | None = None) -> tf.data.Dataset:
+        """Per-worker dataset: ((cardinality, digest), the dataset[, (tag, batch) read ahead]) elements."""
+        # The dataset itself cannot pass through a map's output, so it rides beside the cached fingerprint.
+        dataset = self.make()
+        positions = tf.constant(sample_positions(self.num_examples))
+
+        def fingerprint(_):
+            cardinality = dataset.cardinality()
+            safe = tf.minimum(positions, tf.maximum(cardinality - 1, 0))
+            return cardinality, digest(read_positions(dataset, safe))
+
+        checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
+        parts = (checks, tf.data.Dataset.from_tensors(dataset).repeat())
+        if readahead is not None:
+            parts += (readahead.dataset(lambda positions: read_positions(dataset, positions)),)
+        return tf.data.Dataset.zip(parts)
