@@ -20,7 +20,7 @@ import tf_keras
 from tf_keras.src.engine import compile_utils
 
 from chief.contract.as_written import as_written
-from chief.contract.framework import TF_KERAS
+from chief.contract.framework import TF_KERAS, refuse_masked_output
 from chief.contract.framework import loss_object as framework_loss_object
 from chief.contract.job import Job, JobError
 
@@ -102,6 +102,7 @@ def output_losses(
         loss = loss_object(losses[i], job.framework)
         if y_true is None or loss is None:  # an output without a loss (Keras allows it)
             continue
+        refuse_masked_output(what, job.framework, y_pred)
         y_pred = tf.convert_to_tensor(y_pred)
         if y_pred.dtype.is_floating and y_pred.dtype != tf.float32:
             y_pred = tf.cast(y_pred, tf.float32)  # mixed precision: the loss in float32, as Keras advises
