@@ -1,10 +1,12 @@
-"""Keras 3 jobs (`import keras`, tests/jobs/keras3.py) on both engines: each cluster run ends bit for bit
+"""Keras 3 jobs (`import keras`: tests/jobs/keras3.py, and keras.io's MNIST convnet as chief/jobs/digits_keras3.py)
+on both engines: each cluster run ends bit for bit
 equal to its standalone run (every checkpointed value: weights, BatchNormalization's statistics, the
 optimizer's slots and iterations), evaluates and exports alike, and `pstrain evaluate` scores its
 checkpoint; what pstrain cannot train exactly on Keras 3 is refused before the first step in one line."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -12,20 +14,25 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from cluster.rundir import RunDir
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
-from tests.jobs import keras3
 from tests.system.test_bad_input import assert_one_line_error
 
 pytestmark = pytest.mark.cluster
 
 STEPS, BATCH = 6, 32
 COMMON = ["--steps", str(STEPS), "--global-batch-size", str(BATCH)]
-JOBS = {"compiled": ("tests.jobs.keras3:Compiled", ["--ps", "2"]), "plain": ("tests.jobs.keras3:Plain", [])}
+JOBS = {
+    "compiled": ("tests.jobs.keras3:Compiled", ["--ps", "2"]),
+    "plain": ("tests.jobs.keras3:Plain", []),
+    "keras_io": ("chief.jobs.digits_keras3", []),  # keras.io's MNIST convnet, as written there
+}
+EVAL_EVERY = ["--eval-every", "3"]  # the evaluation during training too, on the live model
 
 
 def train(run_dir: Path, job: str, *extra: str, cluster: bool = False):
     command = ["launch", *extra] if cluster else ["train", "--standalone"]
-    result = run_pstrain([*command, "--job", job, "--run-dir", str(run_dir), *COMMON])
+    result = run_pstrain([*command, "--job", job, "--run-dir", str(run_dir), *COMMON, *EVAL_EVERY])
     assert result.returncode == 0, result.output
     return result
 
@@ -39,6 +46,15 @@ def runs(tmp_path_factory) -> dict[str, dict[str, Path]]:
         train(out[name]["standalone"], job)
         assert_no_orphans(train(out[name]["cluster"], job, *extra, cluster=True))
     return out
+
+
+def evals(run_dir: Path) -> list[dict]:
+    """The --eval-every records of a run, without their time."""
+    return [
+        {k: v for k, v in record.items() if k != "time"}
+        for record in RunDir(run_dir).read_metrics()
+        if record.get("event") == "eval"
+    ]
 
 
 def checkpoint_values(run_dir: Path) -> dict[str, np.ndarray]:
@@ -67,6 +83,8 @@ def test_compiled_job_uses_compile_and_its_state(runs):
     assert "eval_accuracy" in done and "eval_loss" in done, done  # compile(metrics=["accuracy"]), named as Keras 3 names it
     _, local = metrics(runs["compiled"]["standalone"])
     assert {k: done[k] for k in ("eval_loss", "eval_accuracy")} == {k: local[k] for k in ("eval_loss", "eval_accuracy")}
+    evaluated = {engine: evals(runs["compiled"][engine]) for engine in ("cluster", "standalone")}
+    assert [e["step"] for e in evaluated["cluster"]] == [3, 6] and evaluated["cluster"] == evaluated["standalone"]
     values = checkpoint_values(runs["compiled"]["cluster"])
     moving = [v for k, v in values.items() if "moving_mean" in k]
     assert moving and not np.all(moving[0] == 0), "BatchNormalization's statistics were updated"
@@ -90,7 +108,9 @@ def test_plain_job_metrics_and_schedule(runs):
 
 @pytest.mark.parametrize("name", list(JOBS))
 def test_export_and_evaluate(runs, name):
-    job = getattr(keras3, JOBS[name][0].rsplit(":", 1)[1])
+    module, _, attr = JOBS[name][0].partition(":")
+    job = importlib.import_module(module)
+    job = getattr(job, attr) if attr else job
     features = job.eval_data()[0]
     local, cluster = predictions(runs[name]["standalone"], features), predictions(runs[name]["cluster"], features)
     np.testing.assert_array_equal(local, cluster)
