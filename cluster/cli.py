@@ -141,7 +141,7 @@ def run_render(args: argparse.Namespace) -> int:
         )
         text = to_yaml(render_tfjob(config, options))
     else:
-        from cluster.render.slurm import SlurmOptions, render_sbatch
+        from cluster.render.sbatch import SlurmOptions, render_sbatch
 
         path = str(Path(args.config).resolve())
         options = SlurmOptions(path, args.nodes, args.gpus_per_node, args.time, args.partition, args.job_name, args.port_base)
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train" and args.standalone:
             config = config_from_args(args, gpu_count=0)
             return run_standalone(config)
-        from cluster.launch.gpus import gpu_count
+        from cluster.launch.gpu_count import gpu_count
         from cluster.launch.launcher import launch
 
         config = config_from_args(args, gpu_count=gpu_count())

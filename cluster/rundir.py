@@ -16,7 +16,7 @@ from typing import Any
 
 from cluster import __version__
 from cluster.config import ClusterConfig, ConfigError, TrainConfig
-from cluster.plan import cluster_spec
+from cluster.task_setup import cluster_spec
 
 LOCK_NAME = "pstrain.lock"  # cluster/runlock.py: one run per run dir
 
@@ -85,12 +85,12 @@ class RunDir:
 
     @property
     def stream_record(self) -> Path:
-        """stream.json: a stream's slot batch and epoch length, once learnt (chief/data/streams.py)."""
+        """stream.json: a stream's slot batch and epoch length, once learnt (worker/input/streams.py)."""
         return self.path / "stream.json"
 
     @property
     def data(self) -> Path:
-        """data/: `train_data()` arrays written as .npy files for the workers (chief/data/tables.py)."""
+        """data/: `train_data()` arrays written as .npy files for the workers (worker/input/tables.py)."""
         return self.path / "data"
 
     @property

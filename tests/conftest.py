@@ -52,6 +52,13 @@ def pytest_runtest_logreport(report):
         _skipped.append(report.nodeid)
 
 
+def pytest_collectreport(report):
+    """A module that skips as it is imported (pytest.importorskip, a module-level pytest.skip) reports
+    its skip here, as its path, and never reaches pytest_runtest_logreport."""
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Under CI ($PSTRAIN_CI=1, set by .ci/run) a skipped test the docs cite as proof fails the run, unless
     $PSTRAIN_ALLOWED_SKIPS (comma-separated node ids or file paths) names it (tests/proof.py)."""
@@ -87,7 +94,7 @@ def _gpu_or_skip(request):
     """A test marked `gpu` skips, saying why, on a machine where nvidia-smi lists no GPU."""
     if request.node.get_closest_marker("gpu") is None:
         return
-    from cluster.launch.gpus import gpu_count
+    from cluster.launch.gpu_count import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("needs an NVIDIA GPU: nvidia-smi lists none here (deploy/gpu_check.sh runs these where there is one)")

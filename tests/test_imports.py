@@ -21,6 +21,20 @@ WORKER_ROOMS_USE = ("chief.contract", "chief.state")
 CLI_INTO_CHIEF = {("cluster.cli", "chief.plots"), ("cluster.cli", "chief.sidecar"), ("cluster.cli", "chief.trainer")}
 
 
+def is_module(name: str) -> bool:
+    """Whether `name` is a pstrain module or package (a file or a folder under ROOT)."""
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement loads: `from cluster import rundir` is cluster.rundir (a module
+    imported from its package), `from cluster.rundir import RunDir` is cluster.rundir."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return [f"{node.module}.{a.name}" if is_module(f"{node.module}.{a.name}") else node.module for a in node.names]
+
+
 def imports() -> set[tuple[str, str]]:
     """(importing module, imported module) for every import of a pstrain package by a pstrain module."""
     edges = set()
@@ -30,9 +44,8 @@ def imports() -> set[tuple[str, str]]:
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.ImportFrom) and node.level:
                     raise AssertionError(f"{module}: relative import; pstrain imports by absolute name")
-                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in getattr(node, "names", [])]
                 if isinstance(node, ast.Import | ast.ImportFrom):
-                    edges |= {(module, name) for name in names if name.split(".")[0] in PACKAGES}
+                    edges |= {(module, name) for name in imported(node) if name.split(".")[0] in PACKAGES}
     return edges
 
 
@@ -43,6 +56,14 @@ def within(module: str, *prefixes: str) -> bool:
 def test_the_scan_sees_imports_inside_functions():
     """cluster/cli.py imports the chief only inside functions: the scan must see those to check anything."""
     assert CLI_INTO_CHIEF <= imports()
+
+
+def test_the_scan_sees_a_module_imported_from_its_package():
+    """`from worker import tf_runtime` imports worker.tf_runtime, not the package worker: an edge to the
+    package would hide what the module reaches."""
+    edges = imports()
+    assert ("worker.server", "worker.tf_runtime") in edges
+    assert not any(b in PACKAGES for _, b in edges if b != "cluster"), sorted((a, b) for a, b in edges if b in PACKAGES)
 
 
 def test_no_module_imports_upward():

@@ -13,8 +13,8 @@ from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
 from worker.input.sources import Source
-from worker.ps.apply import apply_step
-from worker.replica.gradients import all_finite, mean_of_slots
+from worker.ps.apply import all_finite, apply_step
+from worker.replica.gradients import mean_of_slots
 from worker.replica.replica import replica_step
 
 

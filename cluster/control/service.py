@@ -22,7 +22,11 @@ def _resources(r: pb.Resources) -> dict[str, float]:
     return {"cpu_percent": r.cpu_percent, "rss_bytes": r.rss_bytes, "gpu_memory_bytes": r.gpu_memory_bytes}
 
 
-class ControlPlane(pb_grpc.ControlPlaneServicer):
+class ControlService(pb_grpc.ControlPlaneServicer):
+    """The launcher's side of the ControlPlane gRPC service (control.proto): registration, heartbeats,
+    status, stop and assignment, decided by the Registry. Named apart from the generated `ControlPlane`
+    class (control_pb2_grpc), the client-side helper this is not."""
+
     def __init__(
         self,
         registry: Registry,
@@ -167,7 +171,7 @@ def status_dict(reply: pb.StatusReply) -> dict:
     }
 
 
-def serve(servicer: ControlPlane, bind: str, creds: Credentials) -> tuple[grpc.Server, int]:
+def serve(servicer: ControlService, bind: str, creds: Credentials) -> tuple[grpc.Server, int]:
     """Start the server on `bind` (host:port, port 0 = free); returns it and the bound port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[TokenInterceptor(creds.token)])
     pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)

@@ -10,7 +10,7 @@ import psutil
 
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts, gpus
-from cluster.plan import cluster_spec
+from cluster.task_setup import cluster_spec
 from cluster.tfconfig import tf_config_text
 
 ANY_GPU = 1 << 20  # resolve explicit worker_gpus as given; the doctor itself says which index is missing

@@ -15,19 +15,19 @@ from cluster import rundir
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
-from cluster.control.service import ControlPlane, serve
+from cluster.control.service import ControlService, serve
 from cluster.errors import ConfigError, PstrainError, writing
 from cluster.launch.console import say, say_stopped
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.launch.watch import ClusterWatch, wait_registered
-from cluster.plan import TaskPlan, cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
 from cluster.preflight import check_writable
 from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.task import TaskId
+from cluster.task_setup import TaskSetup, cluster_spec, gpu_line, gpu_sharers, server_setups, task_setup
 from cluster.taskenv import TaskEnv, token_in_env
 from cluster.versions import local_versions
 
@@ -135,7 +135,7 @@ def launch_locked(
         ready.unlink(missing_ok=True)
         chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
         chief_argv = python_module("chief", "--run-dir", str(run_dir))
-        chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
+        chief = supervisor.start(task_setup(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
         try:
             failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
             if stop.requested:
@@ -162,7 +162,7 @@ def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Crede
         registry.request_stop()
         stop.request(signal.SIGTERM, cause=reason)
 
-    servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
+    servicer = ControlService(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
     try:
         return serve(servicer, bind or cluster.control, creds)[0]
     except (OSError, RuntimeError) as e:
@@ -173,8 +173,8 @@ def start_local_servers(
     supervisor: Supervisor, cluster: ClusterConfig, local: frozenset[str], env: dict[str, str], local_tasks=None
 ) -> list[Child]:
     """Start the ps and worker servers that run here; the others register from their own machines."""
-    here = [p for p in plan_servers(cluster) if runs_here(p, local, local_tasks)]
-    servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
+    here = [p for p in server_setups(cluster) if runs_here(p, local, local_tasks)]
+    servers = [supervisor.start(setup, python_module("worker"), extra_env=env) for setup in here]
     remote = len(cluster.ps) + len(cluster.workers) - len(here)
     waiting = f", waiting for {remote} on other machines" if remote else ""
     say(f"{len(here)} local tasks starting{waiting}; logs in {supervisor.log_dir}")
@@ -183,11 +183,11 @@ def start_local_servers(
     return servers
 
 
-def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
+def runs_here(setup: TaskSetup, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
     """A task runs here when `local_tasks` names it, or (by default) when its host is this machine."""
     if local_tasks is not None:
-        return plan.task in local_tasks
-    return is_local_host(parse_address("task", plan.address)[0], local)
+        return setup.task in local_tasks
+    return is_local_host(parse_address("task", setup.address)[0], local)
 
 
 def linger_for_remote_nodes(registry: Registry, cluster: ClusterConfig, local: frozenset[str]) -> None:

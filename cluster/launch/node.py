@@ -22,8 +22,8 @@ from cluster.errors import returncode_exit_code
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module
-from cluster.plan import plan_task
 from cluster.stop import StopTrap
+from cluster.task_setup import task_setup
 
 
 def tasks_from_config(cluster: ClusterConfig, local: frozenset[str]) -> list[tuple[str, int]]:
@@ -81,9 +81,10 @@ def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], env: dict[str
     with StopTrap() as stop:
         try:
             children = [
-                supervisor.start(plan_task(cluster, kind, index), python_module("worker"), extra_env=env) for kind, index in tasks
+                supervisor.start(task_setup(cluster, kind, index), python_module("worker"), extra_env=env)
+                for kind, index in tasks
             ]
-            names = ", ".join(f"{c.task.log_name} at {c.plan.address}" for c in children)
+            names = ", ".join(f"{c.task.log_name} at {c.setup.address}" for c in children)
             print(f"pstrain node: running {names}; chief control plane {cluster.control}; logs in {log_dir}", flush=True)
             while not stop.requested and any(c.process.poll() is None for c in children):
                 time.sleep(0.2)

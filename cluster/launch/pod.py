@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster.config import Config, ConfigError, load_toml
 from cluster.launch.launcher import launch, shared_control_env
-from cluster.plan import COMMON_ENV
+from cluster.task_setup import COMMON_ENV
 from cluster.taskenv import DEFAULT_CONTROL_PORT, env_control
 from cluster.tfconfig import TF_CONFIG_ENV, config_for_tf_config, control_address, parse_tf_config, task_tf_config, tf_config_text
 

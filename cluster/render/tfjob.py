@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import Config, ConfigError
-from cluster.plan import COMMON_ENV
 from cluster.render import pod_config_toml
+from cluster.task_setup import COMMON_ENV
 from cluster.taskenv import DEFAULT_CONTROL_PORT, TOKEN_ENV
 
 TF_PORT = 2222  # the operator's default; its TF_CONFIG uses the container port named tfjob-port

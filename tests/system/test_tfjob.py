@@ -24,7 +24,7 @@ from cluster.config import ConfigError, resolve
 from cluster.control.agent import Agent
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
-from cluster.control.service import ControlPlane, serve
+from cluster.control.service import ControlService, serve
 from cluster.launch.launcher import shared_control_env
 from cluster.launch.ports import free_port
 from cluster.render.tfjob import TFJobOptions, render_tfjob
@@ -240,7 +240,7 @@ def test_tasks_register_again_with_a_restarted_chief():
 
     def control_plane():
         registry = Registry({("chief", 0): "h:1", ("worker", 0): "h:3"}, local_versions(), heartbeat_timeout=5.0)
-        server, _ = serve(ControlPlane(registry, 0.2, lambda reason: None, lambda hosts: ({}, [])), address, creds)
+        server, _ = serve(ControlService(registry, 0.2, lambda reason: None, lambda hosts: ({}, [])), address, creds)
         return registry, server
 
     first, server = control_plane()

@@ -10,11 +10,13 @@ the ps's:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from chief.state.model_state import trainable_of
 from worker.ps.clipping import apply_clipped
-from worker.replica.gradients import all_finite
+from worker.replica.gradients import Gradient
 
 
 def apply_step(optimizer, variables, state_vars, means) -> None:
@@ -24,6 +26,17 @@ def apply_step(optimizer, variables, state_vars, means) -> None:
     apply_clipped(optimizer, grads, variables)
     for variable, delta in zip(state_vars, deltas, strict=True):
         variable.assign_add(delta)
+
+
+def all_finite(values: Sequence[Gradient]) -> tf.Tensor:
+    """[len(values)] bool: whether each tensor (a row slice's values) holds only finite numbers. Each
+    check runs where its tensor is (on the ps for an aggregated mean): only a bool crosses the network."""
+    checks = []
+    for value in values:
+        dense = value.values if isinstance(value, tf.IndexedSlices) else value
+        with tf.device(dense.device):
+            checks.append(tf.reduce_all(tf.math.is_finite(dense)))
+    return tf.stack(checks)
 
 
 def apply_loop(state, replica, aggregator, gate, loss_var, stopping, widths: tuple[int, ...], skip: bool):

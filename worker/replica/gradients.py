@@ -90,14 +90,3 @@ def mean_of_slots(per_slot: Sequence[Sequence[Gradient]], count: int) -> list[Gr
         else:
             means.append(tf.add_n(list(grads)) / tf.cast(count, grads[0].dtype))
     return means
-
-
-def all_finite(values: Sequence[Gradient]) -> tf.Tensor:
-    """[len(values)] bool: whether each tensor (a row slice's values) holds only finite numbers. Each
-    check runs where its tensor is (on the ps for an aggregated mean): only a bool crosses the network."""
-    checks = []
-    for value in values:
-        dense = value.values if isinstance(value, tf.IndexedSlices) else value
-        with tf.device(dense.device):
-            checks.append(tf.reduce_all(tf.math.is_finite(dense)))
-    return tf.stack(checks)

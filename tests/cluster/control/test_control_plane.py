@@ -16,7 +16,7 @@ from cluster.control.proto import control_pb2 as pb
 from cluster.control.proto.generate import generated_files
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
-from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
+from cluster.control.service import ControlService, serve, status_dict, status_message, stub
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -100,7 +100,7 @@ def test_silent_task_is_lost_and_chief_reports_progress():
 def control_plane():
     registry = Registry(EXPECTED, local_versions(), heartbeat_timeout=5)
     stops: list[str] = []
-    servicer = ControlPlane(registry, 1.0, stops.append, lambda hosts: ({}, []))
+    servicer = ControlService(registry, 1.0, stops.append, lambda hosts: ({}, []))
     server, port = serve(servicer, "127.0.0.1:0", Credentials("right-token"))
     yield f"127.0.0.1:{port}", registry, stops
     server.stop(grace=0)
@@ -130,6 +130,9 @@ def test_registration_over_grpc_refuses_skew(control_plane):
     assert ("worker", 0) not in registry.tasks
 
 
+STEPS = 1000
+
+
 def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
     argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token_file), "--json"]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -144,7 +147,18 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("[cluster]\nheartbeat_interval = 0.5\nheartbeat_timeout = 2.0\n")
     token_file = run_dir / "control.token"
-    args = ["launch", "--config", str(config), "--run-dir", str(run_dir), "--steps", "300", "--checkpoint-every", "20"]
+    # Steps enough to outlast the status calls below (each a process) where the cores are idle: 300 ended first.
+    args = [
+        "launch",
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "20",
+    ]
     seen: dict = {}
 
     def drive() -> bool:
@@ -160,7 +174,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             bad = tmp_path / "bad.token"
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
-            seen["step_after_refusal"] = json.loads(status_json(control, token_file).stdout)["step"]
+            after = status_json(control, token_file)
+            assert after.returncode == 0, after.stderr
+            seen["step_after_refusal"] = json.loads(after.stdout)["step"]
             seen["pid"] = next(row["pid"] for row in status["tasks"] if row["task"] == "worker:1")
             psutil.Process(seen["pid"]).send_signal(signal.SIGSTOP)
             # When the launcher last heard it (no later than this: its registry's age of that heartbeat,
@@ -194,5 +210,5 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     assert seen["others"]["worker:0"] == "serving"
     assert result.returncode == 0, result.output
     steps, _ = metrics(run_dir)
-    assert [s["step"] for s in steps] == list(range(300)) and all(s["aggregated"] == 2 for s in steps)
+    assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["aggregated"] == 2 for s in steps)
     assert_no_orphans(result)

@@ -4,6 +4,7 @@ process, and closures on a real (in-process) TF cluster that read each batch of 
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -116,7 +117,10 @@ def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cl
     order = list(range(7, -1, -1))
     steps_and_slots = [(tf.constant(j // 2, tf.int64), tf.constant(j % 2, tf.int64)) for j in order]
     results = [coordinator.schedule(closure, args=(iterator, *where)) for where in steps_and_slots]
-    coordinator.join()
+    joined = threading.Thread(target=coordinator.join, daemon=True)  # join() itself has no time limit
+    joined.start()
+    joined.join(timeout=120)
+    assert not joined.is_alive(), "the closures did not finish within 120 s"
     local = dict((w[0], labels) for w, labels in read(stream(), 0, 8))
     for j, remote in zip(order, results, strict=True):
         labels, where, _ = remote.fetch()
