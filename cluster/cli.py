@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 # Before grpc loads: the launcher forks tasks while its control-plane threads run. gRPC's fork
@@ -51,6 +52,10 @@ TRAIN_FLAGS = (
 )
 
 
+CHIEF_HELP = "the chief's control plane: HOST:PORT, or unix:PATH (a local cluster's; the launch prints it)"
+ALLOW_HELP = "run even where the TF ports cannot be closed to outsiders (recorded in cluster.json; README: Security)"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage mistake said in one line (exit 2) instead of the usage block."""
 
@@ -91,6 +96,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help=f"number of workers on --host (free ports; default: {len(cluster.workers)})")
     parser.add_argument("--ps", type=int, help=f"number of ps tasks on --host (free ports; default: {len(cluster.ps)})")
     parser.add_argument("--host", help=f"address for tasks given by count (default: {DEFAULT_HOST})")
+    parser.add_argument("--allow-open-ports", action="store_true", default=None, help=ALLOW_HELP)
     for flag, kind, text in TRAIN_FLAGS:
         parser.add_argument(flag, type=kind, help=with_default(text, flag[2:].replace("-", "_")))
 
@@ -118,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
     node.add_argument("--slurm", action="store_true", help="this node's tasks from SLURM_* (one per node under srun)")
     node.add_argument("--port-base", type=int, default=PORT_BASE, help="with --slurm: chief port; control +1, tasks above")
+    node.add_argument("--allow-open-ports", action="store_true", help=ALLOW_HELP)
     add_control_flags(node)
     add_deploy_commands(sub)
     from cluster.forecast.command import add_plan_parser
@@ -159,6 +166,7 @@ def add_deploy_commands(sub) -> None:
     tfjob.add_argument("--run-dir-claim", default="", help="PersistentVolumeClaim for the chief's run dir (default NAME-runs)")
     tfjob.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="the control plane's container port")
     tfjob.add_argument("--worker-gpus", dest="gpus_per_pod", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
+    tfjob.add_argument("--status-from", default="", help="KEY=VALUE: pods with this label may reach the control port too")
     slurm = kinds.add_parser("slurm", help="an sbatch script: one pstrain node --slurm per node")
     slurm.add_argument("--nodes", type=int, default=0, help="nodes (default: workers / GPUs per node)")
     slurm.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (0: CPU)")
@@ -181,7 +189,14 @@ def run_render(args: argparse.Namespace) -> int:
         from cluster.render.tfjob import TFJobOptions, render_tfjob, to_yaml
 
         options = TFJobOptions(
-            args.image, args.name, args.namespace, args.token_secret, args.run_dir_claim, args.control_port, args.gpus_per_pod
+            args.image,
+            args.name,
+            args.namespace,
+            args.token_secret,
+            args.run_dir_claim,
+            args.control_port,
+            args.gpus_per_pod,
+            args.status_from,
         )
         text = to_yaml(render_tfjob(config, options))
     else:
@@ -199,7 +214,7 @@ def add_target_flags(parser: argparse.ArgumentParser, what: str = "") -> None:
     or --chief HOST:PORT with --token-file, for a chief seen from another machine."""
     lead = f"{what}: " if what else ""
     parser.add_argument("--run-dir", help=f"{lead}the run directory of a running pstrain launch (its control.json)")
-    parser.add_argument("--chief", help=f"{lead}HOST:PORT of the chief's control plane (from another machine; with --token-file)")
+    parser.add_argument("--chief", help=f"{lead}{CHIEF_HELP.removeprefix('the ')} (from another machine: with --token-file)")
     add_control_flags(parser)
 
 
@@ -224,13 +239,15 @@ def run_node_command(args: argparse.Namespace) -> int:
     config = resolve(load_toml(args.config)) if args.config else None
     creds = control_credentials(args, config.cluster if config else None)
     cluster, tasks = node_cluster(config.cluster if config else None, args.chief, creds, args.timeout)
+    if args.allow_open_ports:
+        cluster = replace(cluster, allow_open_ports=True)
     log_dir = Path(args.log_dir or f"runs/node-{time.strftime('%Y%m%d-%H%M%S')}/logs")
     return run_node(cluster, tasks, node_env(config, cluster, creds), log_dir)
 
 
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
     raw = load_toml(args.config) if args.config else {}
-    overrides = {"workers": args.workers, "ps": args.ps, "host": args.host}
+    overrides = {"workers": args.workers, "ps": args.ps, "host": args.host, "allow_open_ports": args.allow_open_ports}
     for name in ("engine", "ray_address", "spread_workers"):  # `pstrain launch` only
         overrides[name] = getattr(args, name, None)
     for flag, _, _ in TRAIN_FLAGS:
@@ -268,11 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "node":
             return run_node_command(args)
         if args.command == "doctor":
-            from cluster.control.client import target_of
+            from cluster.control.client import doctor_target
             from cluster.doctor.run import doctor
 
-            target = target_of(args) if args.chief or args.run_dir else None
-            return doctor(args.config, target.address if target else None, target.creds if target else None, args.json)
+            target = doctor_target(args)
+            chief, creds = (target.address, target.creds) if target else (None, None)
+            return doctor(args.config, chief, creds, args.json, args.run_dir or "")
         if args.command == "plot":
             from chief.plots import render
 

@@ -10,8 +10,9 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.config import ConfigError, parse_address
+from cluster.config import ConfigError
 from cluster.control.security import Credentials, load_token
+from cluster.doors import check_control_target
 from cluster.rundir import ControlRecord, RunDir, latest_step, read_control
 
 
@@ -52,8 +53,16 @@ def target_of(args: Namespace) -> Target:
         record = read_control(Path(run_dir))
         creds = record_credentials(record, Path(run_dir), args.token_file, args.tls_ca)
         return Target(record.target, creds, Path(run_dir))
-    parse_address("--chief", chief)
+    check_control_target("--chief", chief)
     return Target(chief, Credentials(load_token(args.token_file), tls_ca=args.tls_ca))
+
+
+def doctor_target(args: Namespace) -> Target | None:
+    """The running cluster `pstrain doctor` also checks: --chief's, else the one --run-dir's control.json
+    names (a run dir alone may also be given for its doors: then its record must exist); None for neither."""
+    if args.chief:
+        return target_of(Namespace(**{**vars(args), "run_dir": None}))
+    return target_of(args) if args.run_dir else None
 
 
 def freshest_step(status: dict, run_dir: Path | None, now: float | None = None) -> dict:

@@ -19,6 +19,7 @@ from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlService, serve
 from cluster.errors import ConfigError, PstrainError, writing
+from cluster.launch.closing import closed
 from cluster.launch.console import say, say_stopped
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
@@ -79,6 +80,9 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
+ENGINE_OF = {"slurm": "slurm", "pod": "tfjob"}  # control.json's engine by who launches (else cluster.engine)
+
+
 def client_target(control: str) -> str:
     """`control` as a client in another directory calls it: a relative `unix:` socket path made absolute. Pure
     but for the working directory."""
@@ -98,13 +102,13 @@ def control_record(
     return rundir.ControlRecord(client_target(cluster.control), engine, token, ca, socket.gethostname(), os.getpid())
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", engine: str = "") -> int:
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", where: str = "launch") -> int:
     """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
     `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
-    `engine`: who launched it, as control.json names it (default `cluster.engine`: "local" or "ray").
+    `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/closing.py).
     """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
@@ -112,7 +116,12 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     check_writable(Path(train.run_dir))  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
-        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop, engine=engine)
+        with closed(cluster, local_tasks, lock.run_dir, ports_here(cluster, local, local_tasks), where) as doors:
+            say(doors.line, warning=doors.open)
+            supervisor = Supervisor(rundir.RunDir(lock.run_dir).logs, doors.network)
+            return launch_locked(
+                config, doors.cluster, creds, lock, local, local_tasks, control_bind, stop, supervisor, ENGINE_OF.get(where, "")
+            )
 
 
 def launch_locked(
@@ -216,6 +225,12 @@ def local_task_count(servers: list[TaskSetup]) -> str:
     counts = {kind: sum(p.task.type == kind for p in servers) for kind in ("ps", "worker")}
     parts = ["chief"] + [f"{n} {kind}{'s' * (n != 1 and kind == 'worker')}" for kind, n in counts.items() if n]
     return f"{len(servers) + 1} local task{'s' * bool(servers)} ({', '.join(parts)})"
+
+
+def ports_here(cluster: ClusterConfig, local: frozenset[str], local_tasks) -> list[int]:
+    """The TF ports of the tasks this launcher runs on this machine: the chief's and its local servers'."""
+    setups = [task_setup(cluster, "chief", 0), *(s for s in server_setups(cluster) if runs_here(s, local, local_tasks))]
+    return [parse_address("task", setup.address)[1] for setup in setups]
 
 
 def runs_here(setup: TaskSetup, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
