@@ -43,6 +43,16 @@ log = logging.getLogger("pstrain.chief")
 INTERRUPT_POLL_S = 0.02
 
 
+def connect(resolver=None) -> tuple:
+    """Join the cluster (`resolver`, default TF_CONFIG's training tasks): this process's devices become
+    /job:chief/... Before the job is imported: a lookup table or variable the job's module makes at
+    import lives on a device of the context it was made in, and /job:localhost is gone once joined
+    ("/job:localhost/replica:0/task:0/device:CPU:0 unknown device" when a worker's pipeline uses it)."""
+    resolver = resolver or training_resolver()
+    num_ps = resolver.cluster_spec().num_tasks("ps")
+    return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps)), resolver
+
+
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator.
 
@@ -60,17 +70,17 @@ class ClusterEngine:
         sample,
         resolver=None,
         ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
+        joined: tuple | None = None,
     ):
         """`source`: the training examples, built again on each worker (chief/data/sources.py); `sample`: one
         example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
-        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py)."""
+        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py);
+        `joined`: (strategy, resolver) of the cluster `connect` joined (default: joined here)."""
         self.train = train
         self.source = source
         same_rounding_everywhere()  # as in the standalone reference
         allow_loss_scaling_under_ps()
-        resolver = resolver or training_resolver()
-        num_ps = resolver.cluster_spec().num_tasks("ps")
-        self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
+        self.strategy, resolver = joined or connect(resolver)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, train.seed, sample, ps_init_min_bytes)
