@@ -14,10 +14,11 @@
   ActivityRegularizationLayer (`self.add_loss` in `call()`) and a Dense with `activity_regularizer`,
   sample weights.
 - `PreprocessingInModel` / `PreprocessingInDataset`: Keras's "Working with preprocessing layers"
-  guide: an adapted Normalization, a TextVectorization and a StringLookup (one-hot) inside the model;
-  the same layers in the dataset's `map` (TextVectorization adapted in `train_dataset()`).
-- `OneHot*`, `Sparse*`, `Binary*`: one-hot (categorical), sparse and binary classifiers, with
-  `compile(metrics=["accuracy"])` and without metrics.
+  guide: an adapted Normalization, a TextVectorization and a StringLookup (one-hot) inside the model,
+  one-hot labels without metrics (no accuracy); the same layers in the dataset's `map`
+  (TextVectorization adapted in `train_dataset()`), compiled with `metrics=["accuracy"]` (categorical).
+- `SparseNoMetrics`: a softmax classifier with integer labels and no metrics (the sparse accuracy).
+- `AddMetric`: the built-in methods guide's MetricLoggingLayer (`self.add_metric` in `call()`): refused.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class BuiltInMethods:
         inputs = tf_keras.Input(shape=(6,), name="digits")
         x = tf_keras.layers.Dense(16, activation="relu", name="dense_1")(inputs)
         x = ActivityRegularizationLayer()(x)
-        x = tf_keras.layers.Dense(16, activation="relu", activity_regularizer=tf_keras.regularizers.L2(1e-2))(x)
+        x = tf_keras.layers.Dense(16, activation="relu", activity_regularizer=tf_keras.regularizers.L2(1e-2), name="dense_2")(x)
         outputs = tf_keras.layers.Dense(3, activation="softmax", name="predictions")(x)
         model = tf_keras.Model(inputs=inputs, outputs=outputs)
         model.compile(
@@ -188,7 +189,7 @@ class PreprocessingInDataset:
         vectorize = tf_keras.layers.TextVectorization(max_tokens=10, output_mode="multi_hot")
         vectorize.adapt(text_examples(256, 0)[0]["words"])
         lookup = tf_keras.layers.StringLookup(vocabulary=["red", "green", "blue"], output_mode="one_hot")
-        raw = tf.data.Dataset.from_tensor_slices((features, label))
+        raw = tf.data.Dataset.from_tensor_slices((features, np.eye(3, dtype=np.float32)[label]))
         return raw.map(lambda x, y: (tf.concat([norm(x["number"]), lookup(x["colour"]), vectorize(x["words"])], axis=-1), y))
 
     @classmethod
@@ -201,49 +202,51 @@ class PreprocessingInDataset:
 
     @staticmethod
     def model_fn():
-        return tf_keras.Sequential(
-            [tf_keras.Input((2 + 4 + 10,)), tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)]
+        model = tf_keras.Sequential(
+            [tf_keras.Input((2 + 3 + 1 + 10,)), tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)]
         )
+        model.compile(
+            optimizer=tf_keras.optimizers.legacy.Adam(1e-2),
+            loss=tf_keras.losses.CategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],  # one-hot labels: Keras's categorical accuracy
+        )
+        return model
 
-    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)  # no metrics: Keras's sparse accuracy
+
+class SparseNoMetrics:
+    """A small softmax classifier with integer labels, compiled without metrics: the default accuracy is
+    Keras's sparse categorical one."""
 
     @staticmethod
-    def optimizer_fn():
-        return tf_keras.optimizers.legacy.Adam(1e-2)
+    def model_fn():
+        model = tf_keras.Sequential(
+            [tf_keras.Input((6,)), tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3, "softmax")]
+        )
+        model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss="sparse_categorical_crossentropy")
+        return model
+
+    @staticmethod
+    def train_data():
+        return digits_like(256, 0)[:2]
+
+    @staticmethod
+    def eval_data():
+        return digits_like(64, 1)[:2]
 
 
-def classifier(units: int, activation: str | None, loss, metrics) -> type:
-    """A job class: a small MLP with `units` outputs, compiled with `loss` and `metrics` (None: none)."""
+class MetricLoggingLayer(tf_keras.layers.Layer):
+    """The built-in methods guide's layer: a metric added in call()."""
 
-    class Classifier:
-        @staticmethod
-        def model_fn():
-            model = tf_keras.Sequential(
-                [tf_keras.Input((6,)), tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(units, activation)]
-            )
-            model.compile(optimizer=tf_keras.optimizers.legacy.SGD(0.1), loss=loss, metrics=metrics)
-            return model
-
-        @staticmethod
-        def labels(y):
-            return np.eye(3, dtype=np.float32)[y] if loss == "categorical_crossentropy" else y
-
-        @classmethod
-        def train_data(cls):
-            x, y, _ = digits_like(256, 0, classes=units if units > 1 else 2)
-            return x, cls.labels(y)
-
-        @classmethod
-        def eval_data(cls):
-            x, y, _ = digits_like(64, 1, classes=units if units > 1 else 2)
-            return x, cls.labels(y)
-
-    return Classifier
+    def call(self, inputs):
+        self.add_metric(tf_keras.backend.std(inputs), name="std_of_activation", aggregation="mean")
+        return inputs
 
 
-BinaryNoMetrics = classifier(1, "sigmoid", "binary_crossentropy", None)
-BinaryAccuracy = classifier(1, "sigmoid", "binary_crossentropy", ["accuracy"])
-SparseNoMetrics = classifier(3, "softmax", "sparse_categorical_crossentropy", None)
-SparseAccuracy = classifier(3, "softmax", "sparse_categorical_crossentropy", ["accuracy"])
-OneHotNoMetrics = classifier(3, "softmax", "categorical_crossentropy", None)
-OneHotAccuracy = classifier(3, "softmax", "categorical_crossentropy", ["accuracy"])
+class AddMetric(BuiltInMethods):
+    @staticmethod
+    def model_fn():
+        inputs = tf_keras.Input(shape=(6,), name="digits")
+        x = MetricLoggingLayer()(tf_keras.layers.Dense(16, activation="relu")(inputs))
+        model = tf_keras.Model(inputs, tf_keras.layers.Dense(3, activation="softmax")(x))
+        model.compile(optimizer=tf_keras.optimizers.legacy.RMSprop(1e-3), loss="sparse_categorical_crossentropy")
+        return model
