@@ -12,6 +12,7 @@ pstrain runs its own step and evaluation, so the override would be silently skip
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,17 @@ def refuse_custom_steps(spec: str, model: Any) -> None:
         )
 
 
+def takes_no_arguments(value: Any) -> bool:
+    """A plain function (not a Loss object, not a name) that must be called without arguments."""
+    if not (inspect.isfunction(value) or inspect.ismethod(value)):
+        return False
+    try:
+        parameters = inspect.signature(value).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
+
+
 def job_parts(spec: str, target: Any) -> dict[str, Any]:
     """loss_fn, loss_weights, loss_name, optimizer_fn, metrics_fn and compiled_metrics for a Job."""
     from tf_keras.src.metrics import clone_metrics
@@ -135,6 +147,8 @@ def job_parts(spec: str, target: Any) -> dict[str, Any]:
             f"--job {spec}: missing {' and '.join(missing)}; define {', '.join(missing)} in the job, or compile the "
             "model returned by model_fn() (model.compile(optimizer=..., loss=...))"
         )
+    if takes_no_arguments(loss_fn):  # a factory, as optimizer_fn is: `def loss_fn(): return BinaryCrossentropy()`
+        loss_fn, parts["loss_name"] = loss_fn(), "loss_fn()"
     check_loss(f"--job {spec}: {parts['loss_name']}", loss_fn)
     if loss_weights is not None:
         check_loss_weights(f"--job {spec}: loss_weights", loss_weights)

@@ -84,6 +84,21 @@ def draws_at_random(dataset: tf.data.Dataset) -> bool:
     return function is not None and any(op in STATEFUL_RANDOM_OPS for op, _ in unsupported_ops(function.graph))
 
 
+def batched_examples(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
+    """The `.batch()` (or padded_batch, ...) whose batches are `dataset`'s elements, when it batched
+    whole (features, labels[, weights]) examples and no `.unbatch()` undid it; else None. A batch of a
+    stream of single values made into examples afterwards (sequences of tokens, then split into inputs
+    and targets) is an example, not a batch."""
+    name = type(dataset).__name__
+    if "Unbatch" in name:
+        return None
+    if "Batch" in name:
+        (source,) = dataset._inputs()
+        spec = source.element_spec
+        return dataset if isinstance(spec, tuple) and len(spec) in (2, 3) else None
+    return next((found for d in dataset._inputs() if (found := batched_examples(d)) is not None), None)
+
+
 def captures_state(dataset: tf.data.Dataset) -> bool:
     """Whether `dataset` maps with a function that captures a resource: a lookup table (StringLookup,
     IntegerLookup, a `tf.lookup` table: TF's ParameterServerStrategy tutorial) or a variable."""
@@ -133,6 +148,12 @@ class DatasetSource(Source):
         dataset = as_written(make)()
         if not isinstance(dataset, tf.data.Dataset):
             raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+        if (batch := batched_examples(dataset)) is not None:
+            shape = tf.nest.flatten(batch.element_spec)[0].shape
+            raise JobError(
+                f"{what}: its elements are batches (a .batch() of its examples: shape {shape.as_list()}); give single "
+                "examples, which pstrain batches to --global-batch-size (remove the .batch())"
+            )
         return dataset
 
     def local(self) -> tf.data.Dataset:

@@ -203,7 +203,7 @@ class PreprocessingInDataset:
     @staticmethod
     def model_fn():
         model = tf_keras.Sequential(
-            [tf_keras.Input((2 + 3 + 1 + 10,)), tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)]
+            [tf_keras.Input((2 + 4 + 8,)), tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)]
         )
         model.compile(
             optimizer=tf_keras.optimizers.legacy.Adam(1e-2),
@@ -250,3 +250,40 @@ class AddMetric(BuiltInMethods):
         model = tf_keras.Model(inputs, tf_keras.layers.Dense(3, activation="softmax")(x))
         model.compile(optimizer=tf_keras.optimizers.legacy.RMSprop(1e-3), loss="sparse_categorical_crossentropy")
         return model
+
+
+class LossFactory(SparseNoMetrics):
+    """`loss_fn` written as a factory, as `optimizer_fn` is."""
+
+    @staticmethod
+    def loss_fn():
+        return tf_keras.losses.SparseCategoricalCrossentropy()
+
+
+class BatchedNoInput:
+    """A dataset batched with drop_remainder=True and a model without an Input (batches would pass as examples)."""
+
+    @staticmethod
+    def train_dataset():
+        x, y, _ = digits_like(256, 0)
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(32, drop_remainder=True)
+
+    @staticmethod
+    def model_fn():
+        return tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)])
+
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @staticmethod
+    def optimizer_fn():
+        return tf_keras.optimizers.legacy.SGD(0.1)
+
+
+class TokenSequences(BatchedNoInput):
+    """The text-generation tutorial's pipeline: a stream of token ids batched into sequences, then split
+    into (input, target): each batch is one example."""
+
+    @staticmethod
+    def train_dataset():
+        ids = tf.data.Dataset.from_tensor_slices(np.arange(600, dtype=np.int64) % 7)
+        return ids.batch(6, drop_remainder=True).map(lambda seq: (seq[:-1], seq[1:]))
