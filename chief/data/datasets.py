@@ -145,7 +145,16 @@ class DatasetSource(Source):
         """`make()`, checked to be a dataset. Made as the job wrote it (`as_written`): a worker
         may make it inside a closure that pstrain traces with AutoGraph off, and a map function's Python
         `if` on a tensor needs AutoGraph on where `map` is called."""
-        dataset = as_written(make)()
+        try:
+            dataset = as_written(make)()
+        except RuntimeError as e:
+            if "PreprocessingLayer.adapt" not in str(e):
+                raise
+            raise JobError(
+                f"{what} adapts a preprocessing layer, and pstrain also builds the pipeline inside functions (for "
+                "the workers), where Keras refuses adapt(); adapt the layer once outside it (at the job module's "
+                "top level, or in a function cached with functools.cache) and use it in the map"
+            ) from None
         if not isinstance(dataset, tf.data.Dataset):
             raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
         if (batch := batched_examples(dataset)) is not None:

@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -72,12 +74,20 @@ class PssTutorial:
         return model
 
 
+@functools.cache
+def hashed_ids() -> tuple[tf_keras.layers.Layer, tf_keras.layers.Layer]:
+    """Hashing and an IntegerLookup adapted to the hashed training features: adapted once, outside the
+    pipeline (pstrain builds it inside functions too, where Keras refuses adapt)."""
+    hashing = tf_keras.layers.Hashing(num_bins=32)
+    ids = tf_keras.layers.IntegerLookup()
+    ids.adapt(hashing(pss_examples(200, 0)["features"].reshape(-1)))
+    return hashing, ids
+
+
 class PssHashingByPosition:
     @staticmethod
     def pipeline(examples):
-        hashing = tf_keras.layers.Hashing(num_bins=32)
-        ids = tf_keras.layers.IntegerLookup()
-        ids.adapt(hashing(examples["features"].reshape(-1)))  # adapted in train_dataset(), as the guide does
+        hashing, ids = hashed_ids()
         label_lookup = tf_keras.layers.IntegerLookup(vocabulary=[0, 1], num_oov_indices=0)
         raw = tf.data.Dataset.from_tensor_slices(
             ({"features": examples["features"]}, (examples["label"][:, 0] == "yes").astype(np.int64))
@@ -150,7 +160,7 @@ def text_examples(n: int, seed: int):
     colour = rng.choice(["red", "green", "blue"], n)
     words = np.array([f"{'good' if c == 'red' else 'bad'} w{i}" for c, i in zip(colour, rng.integers(0, 5, n), strict=True)])
     label = ((number[:, 0] > 5.0).astype(np.int64) + (colour == "red")).astype(np.int64)  # 0, 1 or 2
-    return {"number": number, "colour": colour, "words": words}, label
+    return {"number": number, "colour": colour[:, None], "words": words}, label
 
 
 class PreprocessingInModel:
@@ -163,7 +173,7 @@ class PreprocessingInModel:
         vectorize.adapt(features["words"])
         lookup = tf_keras.layers.StringLookup(vocabulary=["red", "green", "blue"], output_mode="one_hot")
         number = tf_keras.Input((2,), name="number")
-        colour = tf_keras.Input((), dtype="string", name="colour")
+        colour = tf_keras.Input((1,), dtype="string", name="colour")  # one_hot takes [batch, 1]
         words = tf_keras.Input((), dtype="string", name="words")
         x = tf_keras.layers.Concatenate()([norm(number), lookup(colour), vectorize(words)])
         x = tf_keras.layers.Dense(8, activation="relu")(x)
@@ -182,12 +192,33 @@ class PreprocessingInModel:
         return features, np.eye(3, dtype=np.float32)[label]
 
 
+@functools.cache
+def adapted_vectorizer() -> tf_keras.layers.TextVectorization:
+    vectorize = tf_keras.layers.TextVectorization(max_tokens=10, output_mode="multi_hot")
+    vectorize.adapt(text_examples(256, 0)[0]["words"])
+    return vectorize
+
+
+class AdaptInDataset:
+    """adapt() inside train_dataset(), as a script adapts before building its dataset: refused."""
+
+    @staticmethod
+    def train_dataset():
+        features, label = text_examples(256, 0)
+        vectorize = tf_keras.layers.TextVectorization(max_tokens=10, output_mode="multi_hot")
+        vectorize.adapt(features["words"])
+        return tf.data.Dataset.from_tensor_slices((features["words"], label)).map(lambda w, y: (vectorize(w), y))
+
+    model_fn = staticmethod(lambda: tf_keras.Sequential([tf_keras.Input((8,)), tf_keras.layers.Dense(3)]))
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer_fn = staticmethod(lambda: tf_keras.optimizers.legacy.SGD(0.1))
+
+
 class PreprocessingInDataset:
     @staticmethod
     def pipeline(features, label):
         norm = tf_keras.layers.Normalization(mean=[5.0, 5.0], variance=[9.0, 9.0])
-        vectorize = tf_keras.layers.TextVectorization(max_tokens=10, output_mode="multi_hot")
-        vectorize.adapt(text_examples(256, 0)[0]["words"])
+        vectorize = adapted_vectorizer()
         lookup = tf_keras.layers.StringLookup(vocabulary=["red", "green", "blue"], output_mode="one_hot")
         raw = tf.data.Dataset.from_tensor_slices((features, np.eye(3, dtype=np.float32)[label]))
         return raw.map(lambda x, y: (tf.concat([norm(x["number"]), lookup(x["colour"]), vectorize(x["words"])], axis=-1), y))

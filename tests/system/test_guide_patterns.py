@@ -44,6 +44,16 @@ KERAS3_CASES: list[tuple[str, str]] = []  # issue 34 item 4: jobs written with `
 
 REFUSED = [  # (case, job, the one line both engines print)
     ("add-metric", "tests.jobs.guides:AddMetric", "model_fn: layer 'metric_logging_layer"),
+    (
+        "adapt-in-the-pipeline",
+        "tests.jobs.guides:AdaptInDataset",
+        "--job tests.jobs.guides:AdaptInDataset: train_dataset() adapts",
+    ),
+    (
+        "batched-examples",
+        "tests.jobs.guides:BatchedNoInput",
+        "--job tests.jobs.guides:BatchedNoInput: train_dataset(): its elements",
+    ),
 ]
 
 
