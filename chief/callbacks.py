@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job, JobError
+from chief.contract.job import Job, JobError
 from chief.metrics import learning_rate_fn
 from cluster.errors import TrainingError
 
@@ -154,7 +154,7 @@ class FitCallbacks:
 
 
 def fit_callbacks(run) -> FitCallbacks:
-    """The job's callbacks over a started TrainingRun (chief/trainer.py); inactive without callbacks_fn."""
+    """The job's callbacks over a started TrainingRun (chief/startup.py); inactive without callbacks_fn."""
     t, state = run.train, run.engine.state
     steps_per_epoch = run.epochs.steps_per_epoch if run.epochs else (t.eval_every or t.steps)
 

@@ -1,7 +1,7 @@
 """Training by epochs (`train.epochs`, Keras's `fit(epochs=N)`): how many steps an epoch is.
 
 pstrain's steps are always whole global batches, and its data order walks on through the shuffled
-training set without a break (chief/data/positions.py, chief/data/streams.py). An epoch is therefore
+training set without a break (chief/step/positions.py, worker/input/streams.py). An epoch is therefore
 Keras's count with `drop_remainder=True`:
 
     steps per epoch = examples in one pass // examples read per step
@@ -73,7 +73,7 @@ def pass_length(source) -> tuple[int | None, str]:
         return source.num_examples, ""
     if source.batches_per_epoch:
         return source.batches_per_epoch * source.slot_batch, ""
-    from chief.data.datasets import DatasetSource
+    from worker.input.datasets import DatasetSource
 
     cardinality = int(DatasetSource.made(source.make, source.what).cardinality().numpy())
     if cardinality > 0:

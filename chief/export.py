@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
-from chief.data.arrays import tensor_dtype
+from chief.contract.arrays import tensor_dtype
 from cluster.errors import WriteError, writing
 
 

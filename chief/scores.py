@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.job import Job, JobError
 from chief.data.eval_set import EvalSet
-from chief.job import Job, JobError
 
 
 def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
@@ -24,7 +24,7 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM);
     the model's own losses enter per batch, weighted by its examples, as `evaluate`'s loss mean does.
     """
-    from chief.step.losses import output_losses
+    from worker.replica.losses import output_losses
 
     # In a function an embedding lookup reads only the rows it needs: called eagerly, a table split over
     # ps tasks was concatenated whole on the caller. The model's losses are read in the same call: they

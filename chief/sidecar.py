@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from chief.data.arrays import checked_arrays, rows
+from chief.contract.arrays import checked_arrays, rows
+from chief.contract.job import load_job
 from chief.data.eval_set import eval_set
 from chief.data.train_source import train_source
-from chief.job import load_job
 from chief.scores import evaluate
 from chief.state.adapted import check_adapted
 from chief.state.model_state import finalize_layers
@@ -42,7 +42,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
     layout = RunDir(run_dir)
     while not layout.config_record.exists():  # started beside a run that has not begun yet
         if time.monotonic() > deadline:
-            from chief.job import JobError
+            from chief.contract.job import JobError
 
             raise JobError(f"evaluate: {run_dir} is not a pstrain run directory (no cluster.json); give the run's --run-dir")
         time.sleep(poll_s)

@@ -24,7 +24,7 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from chief.job import load_job
+    from chief.contract.job import load_job
 
     job = load_job(spec)
     features = sample_features(job, max(1, examples_per_worker))
@@ -54,7 +54,7 @@ def sample_features(job: Any, n: int) -> Any:
     """`n` examples' features from the job's training data, whichever source it defines."""
     import tensorflow as tf
 
-    from chief.data.arrays import rows
+    from chief.contract.arrays import rows
 
     if job.train_dataset is not None:
         features = next(iter(job.train_dataset().batch(n).take(1)))[0]

@@ -36,7 +36,7 @@ class ConfigError(PstrainError, ValueError):
 
 
 class JobError(ConfigError):
-    """A job that cannot be used; the message says what is wrong and how to fix it (chief/job.py)."""
+    """A job that cannot be used; the message says what is wrong and how to fix it (chief/contract/job.py)."""
 
 
 class TrainingError(PstrainError):

@@ -85,12 +85,12 @@ class RunDir:
 
     @property
     def stream_record(self) -> Path:
-        """stream.json: a stream's slot batch and epoch length, once learnt (chief/data/streams.py)."""
+        """stream.json: a stream's slot batch and epoch length, once learnt (worker/input/streams.py)."""
         return self.path / "stream.json"
 
     @property
     def data(self) -> Path:
-        """data/: `train_data()` arrays written as .npy files for the workers (chief/data/tables.py)."""
+        """data/: `train_data()` arrays written as .npy files for the workers (worker/input/tables.py)."""
         return self.path / "data"
 
     @property

@@ -55,6 +55,14 @@ def named_task_type(raw: str | None) -> str | None:
         return None
 
 
+def named_task(raw: str | None) -> tuple[str, int] | None:
+    """(task type, task index) that TF_CONFIG names, None where it is unset or unreadable."""
+    try:
+        return _read(raw)[1:] if raw else None
+    except _SHAPE_ERRORS:
+        return None
+
+
 def chief_address(raw: str | None) -> str:
     """The chief's address in TF_CONFIG's cluster ("" where there is none)."""
     try:

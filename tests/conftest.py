@@ -52,6 +52,13 @@ def pytest_runtest_logreport(report):
         _skipped.append(report.nodeid)
 
 
+def pytest_collectreport(report):
+    """A module that skips as it is imported (pytest.importorskip, a module-level pytest.skip) reports
+    its skip here, as its path, and never reaches pytest_runtest_logreport."""
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Under CI ($PSTRAIN_CI=1, set by .ci/run) a skipped test the docs cite as proof fails the run, unless
     $PSTRAIN_ALLOWED_SKIPS (comma-separated node ids or file paths) names it (tests/proof.py)."""

@@ -13,9 +13,26 @@ pytestmark = pytest.mark.pure
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("chief", "worker", "cluster")
 ROOMS = ("chief.step", "chief.data", "chief.state")  # below the run loop and its views
-CONTRACT = ("chief.job", "chief.job_compiled", "chief.graph_ops", "chief.as_written")  # the job contract: below the rooms
+CONTRACT = ("chief.contract",)  # the job contract: below the rooms
+WORKER_ROOMS = ("worker.ps", "worker.replica", "worker.input")  # the code that runs on the ps and the workers
+# What the worker rooms may use of the chief: the job contract and the model state their programs read.
+WORKER_ROOMS_USE = ("chief.contract", "chief.state")
 # The `pstrain` command dispatches to the chief's entry points (train, evaluate, plot), importing them lazily.
 CLI_INTO_CHIEF = {("cluster.cli", "chief.plots"), ("cluster.cli", "chief.sidecar"), ("cluster.cli", "chief.trainer")}
+
+
+def is_module(name: str) -> bool:
+    """Whether `name` is a pstrain module or package (a file or a folder under ROOT)."""
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement loads: `from cluster import rundir` is cluster.rundir (a module
+    imported from its package), `from cluster.rundir import RunDir` is cluster.rundir."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return [f"{node.module}.{a.name}" if is_module(f"{node.module}.{a.name}") else node.module for a in node.names]
 
 
 def imports() -> set[tuple[str, str]]:
@@ -27,9 +44,8 @@ def imports() -> set[tuple[str, str]]:
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.ImportFrom) and node.level:
                     raise AssertionError(f"{module}: relative import; pstrain imports by absolute name")
-                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in getattr(node, "names", [])]
                 if isinstance(node, ast.Import | ast.ImportFrom):
-                    edges |= {(module, name) for name in names if name.split(".")[0] in PACKAGES}
+                    edges |= {(module, name) for name in imported(node) if name.split(".")[0] in PACKAGES}
     return edges
 
 
@@ -42,16 +58,28 @@ def test_the_scan_sees_imports_inside_functions():
     assert CLI_INTO_CHIEF <= imports()
 
 
+def test_the_scan_sees_a_module_imported_from_its_package():
+    """`from worker import tf_runtime` imports worker.tf_runtime, not the package worker: an edge to the
+    package would hide what the module reaches."""
+    edges = imports()
+    assert ("worker.server", "worker.tf_runtime") in edges
+    assert not any(b in PACKAGES for _, b in edges if b != "cluster"), sorted((a, b) for a, b in edges if b in PACKAGES)
+
+
 def test_no_module_imports_upward():
     edges = imports()
     wrong = sorted(
         f"{a} imports {b}"
         for a, b in edges
-        if (within(a, "worker") and within(b, "chief", "cluster.launch"))  # a passive task: no launcher, no chief
-        or (within(a, "cluster") and within(b, "chief") and (a, b) not in CLI_INTO_CHIEF)
+        # the server boot (worker/__main__, server, tf_runtime): a passive task, no launcher, no chief, no
+        # step code (it never imports TensorFlow's Python API)
+        if (within(a, "worker") and not within(a, *WORKER_ROOMS) and within(b, "chief", "cluster.launch", *WORKER_ROOMS))
+        or (within(a, *WORKER_ROOMS) and within(b, "chief", "cluster.launch") and not within(b, *WORKER_ROOMS_USE))
+        or (within(a, "cluster") and within(b, "chief", *WORKER_ROOMS) and (a, b) not in CLI_INTO_CHIEF)
         or (within(a, *ROOMS, *CONTRACT) and within(b, "chief") and not within(b, *ROOMS, *CONTRACT))
-        or (within(a, "chief.data", "chief.state") and within(b, "chief.step"))  # the step uses data and state
-        or (within(a, "chief.job") and within(b, "chief.jobs"))  # the contract never reaches into the examples
+        or (within(a, "chief.data", "chief.state", *CONTRACT) and within(b, "chief.step"))  # the step uses data and state
+        or (within(a, "chief.state", *CONTRACT) and within(b, *WORKER_ROOMS))  # the programs read the state, not back
+        or (within(a, *CONTRACT) and within(b, "chief.jobs"))  # the contract never reaches into the examples
     )
     assert not wrong, "upward imports: " + "; ".join(wrong)
 

@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("chief", "cluster", "worker")
 ENV_OWNERS = {"cluster/taskenv.py", "cluster/tfconfig.py"}
 RUN_DIR_OWNERS = {"cluster/rundir.py"}
-# An environment read (os.environ/environ .get, [...], `in`; a mapping's env.get; getenv) naming
-# PSTRAIN_*, TF_CONFIG or a *_ENV name.
+# An environment read (os.environ/environ .get, [...], `in`; another process's, through psutil's
+# Process.environ(); a mapping's env.get; getenv) naming PSTRAIN_*, TF_CONFIG or a *_ENV name.
 NAME = r"""(?:["'](?:PSTRAIN_\w+|TF_CONFIG)["']|\b[A-Z_]+_ENV\b)"""
 ENV_READ = re.compile(
-    rf"""(?:\benviron\w*(?:\.get|\.pop)?\s*[(\[]\s*{NAME}|\benv\.(?:get|pop)\s*\(\s*{NAME}|\bgetenv\s*\(\s*{NAME}|{NAME}\s+(?:not\s+)?in\s+(?:os\.)?environ\b)"""
+    rf"""(?:\benviron\w*(?:\(\))?(?:\.get|\.pop)?\s*[(\[]\s*{NAME}|\benv\.(?:get|pop)\s*\(\s*{NAME}|\bgetenv\s*\(\s*{NAME}|{NAME}\s+(?:not\s+)?in\s+(?:[\w.]+\.)?environ\b)"""
 )
 RUN_DIR_JOIN = re.compile(r"\brun_dir\s*/(?!/)")
 
@@ -48,6 +48,8 @@ def test_the_scans_see_what_they_look_for():
         "os.getenv('PSTRAIN_RUN_DIR')",
         'os.environ.pop("TF_CONFIG", None)',
         'text = env.get("PSTRAIN_GPU_MEMORY_MB", "")',
+        'config = process.environ().get("TF_CONFIG")',
+        '"TF_CONFIG" in p.environ()',
     ]
     assert all(offences(line, ENV_READ) for line in reads), [line for line in reads if not offences(line, ENV_READ)]
     fine = ["env[TF_CONFIG_ENV] = text", 'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")', "# os.environ['TF_CONFIG']"]

@@ -61,3 +61,33 @@ def test_a_pure_test_that_starts_a_process_fails_and_a_cluster_test_may(guarded)
     result = guarded.runpytest("-q")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*a pure test started a process*mark it cluster*"])
+
+
+@pytest.mark.pure
+def test_a_hang_fails_at_the_time_limit_naming_the_test_and_its_teardown_runs(guarded):
+    """pytest.ini gives every test a limit (pytest-timeout, 600 s); a hang fails that test, named, and the
+    signal method still runs its fixtures' teardown (where a test's processes are reaped)."""
+    import time
+
+    guarded.makepyfile(
+        test_z="""
+        import time
+        import pytest
+
+        @pytest.fixture
+        def held():
+            yield
+            print("teardown ran")
+
+        @pytest.mark.pure
+        def test_hangs(held):
+            time.sleep(60)
+        """
+    )
+    assert guarded.parseconfig().getini("timeout") == "600"
+    start = time.monotonic()
+    result = guarded.runpytest("-q", "-s", "--timeout=2")
+    assert time.monotonic() - start < 30
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Timeout (>2.0s)*", "*FAILED test_z.py::test_hangs*"])
+    assert "teardown ran" in result.stdout.str()

@@ -1,1 +1,1 @@
-"""Training and eval data: which examples feed which gradient, and how a worker or the chief reads them."""
+"""Which data a run reads: the training source chosen for a job, and the eval set the chief scores."""

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from chief.data.arrays import batches_of, checked_arrays, rows
-from chief.job import Job, JobError
+from chief.contract.arrays import batches_of, checked_arrays, rows
+from chief.contract.job import Job, JobError
 
 Batch = tuple  # (features, labels[, sample_weights]), each a tensor/array or a nest of them
 FALLBACK_EXAMPLES = 8192
@@ -54,7 +54,7 @@ def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet
         refuse_batches(evaluation, first_training_examples)
         return evaluation
     if job.eval_arrays:
-        from chief.data.tables import NpyFile
+        from worker.input.tables import NpyFile
 
         what = f"--job {spec}: eval_arrays()"
         headers = tf.nest.map_structure(lambda p: NpyFile.read_header(str(p), what), tuple(job.eval_arrays()))
@@ -69,7 +69,7 @@ def eval_set(job: Job, first_training_examples: Callable[[int], Any]) -> EvalSet
 def refuse_batches(evaluation: EvalSet, first_training_examples: Callable[[int], Any]) -> None:
     """Raise JobError, before training, when the eval set's examples are batches: each of its features
     has one dimension more than the training examples' (a `.batch()` in `eval_dataset()`)."""
-    from chief.data.datasets import one_shape
+    from worker.input.datasets import one_shape
 
     with one_shape(evaluation.what):
         first = next(evaluation.batches(2), None)

@@ -7,17 +7,17 @@ import re
 
 import tensorflow as tf
 
-from chief.data.arrays import checked_arrays
-from chief.data.datasets import DatasetSource
-from chief.data.sources import MISMATCH_TAG, DataError
-from chief.data.streams import StreamSource
-from chief.data.tables import TableSource
+from chief.contract.arrays import checked_arrays
 from cluster.rundir import RunDir
+from worker.input.datasets import DatasetSource
+from worker.input.sources import MISMATCH_TAG, DataError
+from worker.input.streams import StreamSource
+from worker.input.tables import TableSource
 
 
 def train_source(job, run_dir: RunDir | None, train=None):
     """The job's training data as a source: train_dataset() (by position, or as a stream:
-    chief/data/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
+    worker/input/streams.py), train_arrays() or train_data(). `train` (TrainConfig) sets a stream's slot
     batch and slots; without it (the evaluator sidecar) a stream can only give its first examples."""
     if job.train_dataset:
         what = f"--job {job.spec}: train_dataset()"

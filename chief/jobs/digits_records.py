@@ -3,7 +3,7 @@
 The same 8x8 digits as `chief.jobs.digits`, written once as 4 TFRecord files of `tf.train.Example`s
 (`pixels`: 64 floats, `label`: an int) and read with the usual pipeline: `list_files` (in a fixed
 order), `interleave(TFRecordDataset)`, `parse_single_example`. Such a pipeline cannot be read by
-position, so pstrain reads it as a stream on every worker (chief/data/streams.py): each worker opens its
+position, so pstrain reads it as a stream on every worker (worker/input/streams.py): each worker opens its
 own copy of the files. The order is the pipeline's; shuffle the records when you write them, or add
 `shuffle(buffer, seed=S)` to the pipeline (a fixed seed: the order must be the same on every worker).
 

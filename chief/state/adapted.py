@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chief.job import JobError
+from chief.contract.job import JobError
 
 
 def adapted_digests(model) -> list[str]:

@@ -38,8 +38,8 @@ import tensorflow as tf
 import tf_keras
 from tf_keras.src.initializers import initializers as keras_initializers
 
-from chief.data.arrays import batches_of
-from chief.job import JobError
+from chief.contract.arrays import batches_of
+from chief.contract.job import JobError
 from chief.state.unfilled import unfilled, variable_bytes
 
 log = logging.getLogger("pstrain.chief")

@@ -13,7 +13,7 @@ from pathlib import Path
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job
+from chief.contract.job import Job
 from chief.state.checkpoints import Checkpoints, checkpointed_variables, say
 from chief.state.model_state import ModelState, finalize_layers, mirror_state
 from chief.state.sharding import copy_rows, shard_groups

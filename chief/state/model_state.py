@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.job import Job
+from chief.contract.job import Job
 from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build
 from chief.state.unfilled import unfilled_initializers
 

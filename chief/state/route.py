@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import tensorflow as tf
 
-from chief.job import Job
+from chief.contract.job import Job
 from chief.state.checkpoints import Checkpoints, checkpointed_variables, say
 from chief.state.mirror import MirrorCheckpoints
 from chief.state.model_state import ModelState

@@ -2,7 +2,7 @@
 
 `unfilled` is such an initial value (`tf.raw_ops.Empty`: a buffer's pages become resident only when
 written); `unfilled_initializers` creates every variable of known shape that way within its block,
-for a model whose every value is written before it is read (chief/job_compiled.py builds the job's
+for a model whose every value is written before it is read (chief/contract/job_compiled.py builds the job's
 model so; chief/state/initial_values.py fills large variables on their ps).
 """
 

@@ -1,1 +1,2 @@
-"""The step math and its executors: one replica's gradients, the aggregator on the ps, the engines that run steps."""
+"""The engines that run steps from the chief: the cluster dispatch, the standalone engine, the positions
+each closure reads, and the block results."""

@@ -1,7 +1,7 @@
 """Pure decisions of the cluster engine's dispatch (chief/step/dispatch.py), kept apart to be tested alone.
 
 - The packed results of a block: `apply_widths` is the layout the apply loop writes
-  (chief/step/programs.py), `unpack_applied` reads it, and `block_results` turns it, with the worker
+  (worker/ps/apply.py), `unpack_applied` reads it, and `block_results` turns it, with the worker
   loops' packed rows, into one `StepResult` per step the apply got to, doing a stream's epoch
   bookkeeping step by step (each step's batches are observed before that step's epoch is asked).
 - `stall_decision`: whether a block whose global step has not moved is to be ended.
@@ -39,7 +39,7 @@ def unpack_applied(packed: np.ndarray, widths: tuple[int, ...]) -> tuple[np.ndar
 
 
 class StreamEpochs(Protocol):
-    """A stream source's epoch bookkeeping (chief/data/streams.py: StreamSource)."""
+    """A stream source's epoch bookkeeping (worker/input/streams.py: StreamSource)."""
 
     def observe(self, positions) -> None: ...
 

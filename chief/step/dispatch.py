@@ -1,7 +1,7 @@
 """ClusterEngine: the cluster's Engine (chief/step/engine.py), the chief's dispatch of blocks of steps.
 
 It builds the strategy and the state on the ps, then per block: schedules each slot's closure (the
-worker loop, chief/step/programs.py) with its positions, calls the apply loop once, waits for both
+worker loop, worker/replica/loop.py) with its positions, calls the apply loop once, waits for both
 while surfacing a closure's error at once, ends a block whose global step stalls (a worker failed or
 hangs) or that is interrupted at the next step boundary, and explains a cancelled closure (a ps that
 died). What the packed results mean and when a block stalls are decided by pure functions
@@ -19,23 +19,24 @@ from concurrent import futures
 import numpy as np
 import tensorflow as tf
 
-from chief.data.readahead import ReadAhead, schedule_order
-from chief.data.sources import Source
+from chief.contract.job import Job, job_file
 from chief.data.train_source import explain_worker_error
-from chief.job import Job, job_file
 from chief.state.initial_values import PS_INIT_MIN_BYTES
 from chief.state.model_state import allow_loss_scaling_under_ps, build_state, variables_of
 from chief.state.sharding import partitioner
-from chief.step.aggregator import SyncReplicasAggregator
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
-from chief.step.gate import StepGate
-from chief.step.programs import apply_loop, worker_loop
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
 from cluster.taskenv import Switches
 from cluster.tfconfig import training_resolver
+from worker.input.readahead import ReadAhead, schedule_order
+from worker.input.sources import Source
+from worker.ps.aggregator import SyncReplicasAggregator
+from worker.ps.apply import apply_loop
+from worker.ps.gate import StepGate
+from worker.replica.loop import worker_loop
 
 log = logging.getLogger("pstrain.chief")
 # How often a waiting chief looks at `interrupted()`: well inside one step of a small model, so a stop
@@ -57,7 +58,7 @@ class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator.
 
     A block of K steps costs the chief one dispatch: each slot's closure runs the K steps in one
-    in-graph loop on its worker, waiting at the step gate on the ps between steps (chief/step/gate.py),
+    in-graph loop on its worker, waiting at the step gate on the ps between steps (worker/ps/gate.py),
     while one function that the chief calls once per block takes each step's N gradients, applies
     them on the ps and opens the next step (TF1's chief queue runner, without Python per step).
     """
@@ -72,7 +73,7 @@ class ClusterEngine:
         ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
         joined: tuple | None = None,
     ):
-        """`source`: the training examples, built again on each worker (chief/data/sources.py); `sample`: one
+        """`source`: the training examples, built again on each worker (worker/input/sources.py); `sample`: one
         example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
         variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py);
         `joined`: (strategy, resolver) of the cluster `connect` joined (default: joined here)."""
@@ -121,7 +122,7 @@ class ClusterEngine:
                 self.train.total_num_replicas,
                 len(self.workers),
             )
-        # Each worker builds its own source (chief/data/sources.py); closures read their slot's examples from it.
+        # Each worker builds its own source (worker/input/sources.py); closures read their slot's examples from it.
         if self.source.streams:
             self.source.begin(start_step)
         self._expected = self.source.fingerprint()
@@ -224,7 +225,7 @@ class ClusterEngine:
         # short by a checkpoint or an evaluation, and the cold engine's first one-step block, reuse the trace.
         rows, used = max(count, t.steps_per_execution) + 1, count + (1 if self._readahead else 0)
         # A stream: slots in ascending order, so a worker that takes two of a step's closures (one step per
-        # dispatch) takes them in stream order and reads both forward (chief/data/streams.py).
+        # dispatch) takes them in stream order and reads both forward (worker/input/streams.py).
         order = range(t.total_num_replicas) if streams else schedule_order(self._finished, t.total_num_replicas)
         pending: dict[futures.Future, int] = {}
         for slot in order:

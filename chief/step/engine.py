@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from chief.data.positions import slot_indices
-from chief.data.sources import Source
-from chief.job import Job
+from chief.contract.job import Job
 from chief.state.model_state import ModelState
-from chief.step.gradients import sparse_variables
-from chief.step.replica import Replica, assigned_state_variables, inspect_job
+from chief.step.positions import slot_indices
 from cluster.config import TrainConfig
+from worker.input.sources import Source
+from worker.replica.gradients import sparse_variables
+from worker.replica.replica import Replica, assigned_state_variables, inspect_job
 
 
 @dataclass
@@ -88,7 +88,7 @@ def inspected_replica(job: Job, state, train: TrainConfig, source: Source, sampl
 
 
 def slot_positions(train: TrainConfig, num_examples: int, step: int, slot: int):
-    """The positions of the examples behind gradient `slot` of `step` (chief/data/positions.py)."""
+    """The positions of the examples behind gradient `slot` of `step` (chief/step/positions.py)."""
     t = train
     return slot_indices(num_examples, t.seed, step, slot, t.slot_batch_size, t.total_num_replicas, t.shuffle)
 

@@ -6,16 +6,16 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from chief.data.sources import Source
-from chief.job import Job, job_file
+from chief.contract.job import Job, job_file
 from chief.state.model_state import build_state
 from chief.step.engine import StepResult, first_nonfinite, inspected_replica, slot_positions, value_names
-from chief.step.gradients import all_finite, mean_of_slots
-from chief.step.programs import apply_step
-from chief.step.replica import replica_step
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
+from worker.input.sources import Source
+from worker.ps.apply import all_finite, apply_step
+from worker.replica.gradients import mean_of_slots
+from worker.replica.replica import replica_step
 
 
 class LocalEngine:
@@ -26,7 +26,7 @@ class LocalEngine:
     """
 
     def __init__(self, job: Job, train: TrainConfig, source: Source, sample):
-        """`source`: the training examples (chief/data/sources.py); `sample`: one example's features."""
+        """`source`: the training examples (worker/input/sources.py); `sample`: one example's features."""
         same_rounding_everywhere()  # as on the cluster
         self.train, self.job_spec = train, job.spec
         self.source = source
@@ -45,7 +45,7 @@ class LocalEngine:
         replica, optimizer, global_step = self.replica, self.state.optimizer, self.state.global_step
         slots, skip = self.train.replicas_to_aggregate, self.train.on_nonfinite == "skip"
 
-        @tf.function(autograph=False)  # as the cluster's (chief/as_written.py)
+        @tf.function(autograph=False)  # as the cluster's (chief/contract/as_written.py)
         def step_fn(step, batches):
             variables = replica.model.trainable_variables
             per_slot = []

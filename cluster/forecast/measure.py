@@ -8,7 +8,6 @@ stops and reaps its tasks.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -22,31 +21,35 @@ import psutil
 from cluster.errors import ConfigError
 from cluster.forecast.model import Observation
 from cluster.rundir import RunDir
+from cluster.tfconfig import named_task, tf_config_text
 
 
-def role_of(process: psutil.Process) -> str:
-    """`chief`, `ps`, `worker` from a process's command line and TF_CONFIG; `launcher` otherwise."""
+def role_of(process: psutil.Process, by_task: bool = False) -> str:
+    """`chief`, `ps`, `worker` (by_task: `ps 0`, `worker 1`, ...) from a process's command line and its
+    TF_CONFIG (read through cluster/tfconfig.py); `launcher` for a process without one, `gone` for one
+    that has ended."""
     try:
         command = " ".join(process.cmdline()[1:3])
-        config = process.environ().get("TF_CONFIG")
+        task = named_task(tf_config_text(process.environ()))
     except psutil.Error:
         return "gone"
     if "-m chief" in command:
         return "chief"
-    if not config:
+    if task is None:
         return "launcher"
-    return str(json.loads(config)["task"]["type"])
+    return f"{task[0]} {task[1]}" if by_task else task[0]
 
 
-def cpu_by_role(processes: list[psutil.Process]) -> dict[str, float]:
-    """CPU seconds (user + system) so far, summed by role."""
+def cpu_by_role(processes: list[psutil.Process], by_task: bool = False) -> dict[str, float]:
+    """CPU seconds (user + system) so far, summed by role (`role_of`); the one CPU sampler of `pstrain
+    plan` and the benchmarks (tests/benchmarks/cpu_split.py)."""
     out: dict[str, float] = {}
     for process in processes:
         try:
             times = process.cpu_times()
         except psutil.Error:
             continue
-        role = role_of(process)
+        role = role_of(process, by_task)
         out[role] = out.get(role, 0.0) + times.user + times.system
     return out
 

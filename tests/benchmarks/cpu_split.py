@@ -14,7 +14,6 @@ busy` is all roles' CPU time over the window's wall time (2 cores: at most 2.0).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -25,38 +24,11 @@ from pathlib import Path
 
 import psutil
 
+from cluster.forecast.measure import cpu_by_role
 from tests.benchmarks.bench import PY, ROOT, env_for, free_ports, stop_all
 from tests.benchmarks.embeddings import JOBS
 
 PROGRESS_ENV = "BENCH_PROGRESS_FILE"  # TF1's worker 0 writes its step count there (tests/benchmarks/peers.py)
-
-
-def role_of(process: psutil.Process) -> str:
-    """`chief`, `ps 0`, `worker 1`, ... from a process's TF_CONFIG and command line; `launcher` otherwise."""
-    try:
-        config = process.environ().get("TF_CONFIG")
-        command = " ".join(process.cmdline()[1:3])
-    except psutil.Error:
-        return "gone"
-    if "-m chief" in command:
-        return "chief"
-    if not config:
-        return "launcher"
-    task = json.loads(config)["task"]
-    return f"{task['type']} {task['index']}"
-
-
-def cpu_times(processes: list[psutil.Process]) -> dict[str, float]:
-    """CPU seconds (user + system) so far, summed by role."""
-    out: dict[str, float] = {}
-    for process in processes:
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        role = role_of(process)
-        out[role] = out.get(role, 0.0) + times.user + times.system
-    return out
 
 
 def next_count(steps: Callable[[], int], deadline: float) -> int:
@@ -85,10 +57,10 @@ def sample(processes: Callable[[], list[psutil.Process]], steps: Callable[[], in
         time.sleep(0.1)
     group = processes()
     first = next_count(steps, deadline)
-    before, t0 = cpu_times(group), time.monotonic()
+    before, t0 = cpu_by_role(group, by_task=True), time.monotonic()
     time.sleep(window)
     last = next_count(steps, time.monotonic() + 60)
-    after, t1 = cpu_times(group), time.monotonic()
+    after, t1 = cpu_by_role(group, by_task=True), time.monotonic()
     count = last - first
     per_step = {role: (after[role] - before[role]) * 1000 / count for role in after if role in before}
     busy = sum(after[role] - before[role] for role in per_step) / (t1 - t0)

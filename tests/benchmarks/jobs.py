@@ -145,7 +145,7 @@ def write_bench_data(directory: str, gigabytes: float, files: int) -> None:
     """x.npy/y.npy of `gigabytes` and `files` example files, unless already there with those sizes."""
     from pathlib import Path
 
-    from chief.data.tables import write_npy
+    from worker.input.tables import write_npy
 
     root = Path(directory)
     (root / "files").mkdir(parents=True, exist_ok=True)

@@ -2,13 +2,13 @@
 
     python -m tests.benchmarks.loop_profile [--workers 2] [--blocks 8] [--per-execution 16]
 
-A stripped copy of the cluster engine's block (chief/step/dispatch.py, chief/step/programs.py): each worker's closure loops over
-K steps (wait at the step gate, the embedding benchmark's model on a random batch, push to its slot's
-accumulators), while one function on the ps takes, applies (plain SGD) and opens the next step. No data
-pipeline, no loss accumulator, no finite check: what is left is the loop's own machinery. The servers
-(1 ps, the workers) run inside this process, so TF's profiler sees every op; the steady blocks give
-ms/step and process CPU ms/step, then one profiled block gives each op type's total time and count
-per step (`_Send` is a tensor or control edge crossing from one task to another).
+A stripped copy of the cluster engine's block (chief/step/dispatch.py, worker/replica/loop.py,
+worker/ps/apply.py): each worker's closure loops over K steps (wait at the step gate, the embedding
+benchmark's model on a random batch, push to its slot's accumulators), while one function on the ps takes,
+applies (plain SGD) and opens the next step. No data pipeline, no loss accumulator, no finite check: what is
+left is the loop's own machinery. The servers (1 ps, the workers) run inside this process, so TF's profiler
+sees every op; the steady blocks give ms/step and process CPU ms/step, then one profiled block gives each
+op type's total time and count per step (`_Send` is a tensor or control edge crossing from one task to another).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from chief.step.aggregator import SyncReplicasAggregator  # noqa: E402
-from chief.step.gate import ABORT, StepGate  # noqa: E402
 from tests.benchmarks.embeddings import build_model  # noqa: E402
+from worker.ps.aggregator import SyncReplicasAggregator  # noqa: E402
+from worker.ps.gate import ABORT, StepGate  # noqa: E402
 
 
 def _port() -> int:

@@ -1,10 +1,10 @@
-"""chief/trainer.py: block_length, how many steps the chief dispatches at once."""
+"""chief/blocks.py: block_length, how many steps the chief dispatches at once."""
 
 from __future__ import annotations
 
 import pytest
 
-from chief.trainer import BLOCK_SECONDS, block_length
+from chief.blocks import BLOCK_SECONDS, block_length
 from cluster.config import TrainConfig
 
 pytestmark = pytest.mark.pure

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from chief.callbacks import FitCallbacks, FitModel, check_monitored, job_callbacks
-from chief.job import JobError, load_job
+from chief.contract.job import JobError, load_job
 from chief.jobs import digits
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.data.streams import StreamSource
 from chief.epochs import EpochPlan, epoch_plan, pass_length
 from chief.jobs import digits
 from cluster.config import ConfigError, TrainConfig, resolve
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines
+from worker.input.streams import StreamSource
 
 
 @pytest.mark.pure

@@ -7,7 +7,7 @@ read, and the other three factors only how the loss is made from them, so the fo
 the loss factors pairwise, not fully: each form runs two complementary cases (every factor at both
 levels), and the four complementary pairs are spread over the six forms, so every pair of levels of
 any two factors is run at least once (12 cases, not 48). Every case carries a text column. One more
-case adds fit's `class_weight` to weighted examples (chief/step/class_weights.py).
+case adds fit's `class_weight` to weighted examples (worker/replica/class_weights.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from chief.contract.job import load_job
 from chief.data.train_source import train_source
-from chief.job import load_job
 from chief.state.model_state import variables_of
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
@@ -73,7 +73,7 @@ def test_each_form_trains_alike_on_both_engines(in_process_cluster, case, tmp_pa
 def test_sample_weights_apply_to_a_batch_of_unknown_static_size():
     """A slot's batch may come without a static size (the cluster's read-ahead batches did): the weights
     are laid over the loss by its dynamic size. Before, `tf.reshape(weights, [None])` failed to build."""
-    from chief.step.losses import reduce_slot
+    from worker.replica.losses import reduce_slot
 
     values, weights = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), tf.constant([0.5, 1.0, 2.0])
 

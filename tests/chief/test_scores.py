@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.job import Job
 from chief.data.eval_set import EvalSet
-from chief.job import Job
 from chief.scores import evaluate
 
 pytestmark = pytest.mark.pure

@@ -92,8 +92,8 @@ def test_an_error_outside_the_job_is_not_the_users(job):
 def test_loss_fn_shape_diagnosis_only_for_shape_problems():
     """slot_loss says "make the labels match" for labels that do not fit the outputs, and lets a loss_fn's
     own bug through (then reported by user_error with its file:line)."""
-    from chief.job import Job, JobError
-    from chief.step.losses import slot_loss
+    from chief.contract.job import Job, JobError
+    from worker.replica.losses import slot_loss
 
     def job(loss_fn) -> Job:
         return Job("a job", lambda: None, loss_fn, lambda: None, None, None)

@@ -1,4 +1,4 @@
-"""Two-output jobs for tests/chief/test_compiled_jobs.py: compiled models, the same with the job's own
+"""Two-output jobs for tests/chief/contract/test_compiled_jobs.py: compiled models, the same with the job's own
 per-output losses, and jobs that give a piece in a form pstrain does not take."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Test jobs for data that lives on the workers (chief/data/sources.py).
+"""Test jobs for data that lives on the workers (worker/input/sources.py).
 
 - `digits_npy`: the digits as the job's own .npy files (the fast path, `train_arrays()`), written at
   first use under $PSTRAIN_DATA_DIR; trains to the same model as `chief.jobs.digits`.
@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.data.tables import write_npy
 from chief.jobs import digits
+from worker.input.tables import write_npy
 
 
 class digits_npy:  # noqa: N801  (a job object: --job tests.jobs.data_jobs:digits_npy)

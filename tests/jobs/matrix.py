@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.data.tables import write_npy
+from worker.input.tables import write_npy
 
 ROWS = 96
 WORDS = ["red", "green", "blue", "cyan"]

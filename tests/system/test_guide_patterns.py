@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.job import load_job
+from chief.contract.job import load_job
 from cluster.rundir import RunDir
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.system.test_bad_input import assert_one_line_error

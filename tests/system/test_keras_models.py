@@ -16,15 +16,15 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.data.arrays import rows
-from chief.job import Job
+from chief.contract.arrays import rows
+from chief.contract.job import Job
 from chief.state.model_state import initial_weights
-from chief.step.randomness import stateless_random
 from cluster.rundir import RunDir
 from tests.conftest import _free_port
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.jobs import keras_models
 from tests.system.test_bad_input import assert_one_line_error
+from worker.replica.randomness import stateless_random
 
 pytestmark = pytest.mark.cluster
 

@@ -13,6 +13,7 @@ import pytest
 
 from chief.jobs import digits
 from tests.helpers import ROOT, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
+from tests.soak import compare_checkpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -71,16 +72,18 @@ def test_run_dir_layout_and_logs(cluster_run):
 
 
 def test_two_worker_sync_run_equals_standalone_run(cluster_run, standalone_run):
-    """The proof of synchrony: same job, seed, steps and global batch -> the same model."""
+    """The proof of synchrony: same job, seed, steps and global batch -> the same model, bit for bit: every
+    value of the final checkpoint (weights, optimizer slots, global step), every step's loss, and the
+    exported model's predictions."""
     run_dir, result = cluster_run
     assert result.returncode == 0, result.output
-    features, _ = digits.eval_data()
-    cluster_pred = predictions(run_dir, features)
-    standalone_pred = predictions(standalone_run, features)
-    np.testing.assert_allclose(cluster_pred, standalone_pred, atol=1e-4, rtol=0)
+    largest, different = compare_checkpoints(run_dir, standalone_run)
+    assert largest == 0.0 and not different, (largest, different)
     cluster_losses = [s["loss"] for s in metrics(run_dir)[0]]
     standalone_losses = [s["loss"] for s in metrics(standalone_run)[0]]
-    np.testing.assert_allclose(cluster_losses, standalone_losses, atol=1e-4, rtol=0)
+    assert cluster_losses == standalone_losses
+    features, _ = digits.eval_data()
+    np.testing.assert_array_equal(predictions(run_dir, features), predictions(standalone_run, features))
 
 
 def test_backup_workers_aggregate_exactly_the_required_number(tmp_path):
@@ -255,3 +258,22 @@ def test_a_stop_mid_block_ends_it_at_the_next_step_and_resumes_exactly(tmp_path)
     features, _ = digits.eval_data()
     np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
     assert_no_orphans(second)
+
+
+def test_class_weight_through_launch_equals_standalone_bit_for_bit(tmp_path):
+    """A job's class_weight (tests/jobs/matrix.py: a weighted stream) through `pstrain launch` on 2 workers
+    ends with the standalone run's checkpoint, bit for bit, and the weights act: the same job without
+    class_weight ends elsewhere."""
+    common = ["--global-batch-size", "16", "--steps", "12"]
+    weighted, plain = "tests.jobs.matrix:class_weighted", "tests.jobs.matrix:stream_w_1_p"
+    cluster = run_pstrain(["launch", "--job", weighted, *common, "--run-dir", str(tmp_path / "cluster")])
+    assert cluster.returncode == 0, cluster.output
+    assert_no_orphans(cluster)
+    for job, name in ((weighted, "standalone"), (plain, "unweighted")):
+        result = run_pstrain(["train", "--standalone", "--job", job, *common, "--run-dir", str(tmp_path / name)])
+        assert result.returncode == 0, result.output
+    largest, different = compare_checkpoints(tmp_path / "cluster", tmp_path / "standalone")
+    assert largest == 0.0 and not different, (largest, different)
+    assert [s["loss"] for s in metrics(tmp_path / "cluster")[0]] == [s["loss"] for s in metrics(tmp_path / "standalone")[0]]
+    largest, different = compare_checkpoints(tmp_path / "cluster", tmp_path / "unweighted")
+    assert largest > 0 and different, "class_weight changed nothing"

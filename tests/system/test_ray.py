@@ -59,7 +59,7 @@ def assert_equals_standalone(run_dir: Path, reference) -> None:
     assert [r["step"] for r in records] == list(range(STEPS))
     assert all(r["aggregated"] == 2 for r in records), "every step aggregated N = 2 gradients"
     assert done is not None
-    np.testing.assert_allclose(predictions(run_dir, digits.eval_data()[0]), reference, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(predictions(run_dir, digits.eval_data()[0]), reference)  # bit for bit
 
 
 def test_a_local_ray_trains_the_default_job_equal_to_standalone_and_leaves_nothing(tmp_path, reference):

@@ -1,4 +1,4 @@
-"""Data that lives on the workers (chief/data/sources.py): read where it is used, addressed by (step, slot).
+"""Data that lives on the workers (worker/input/sources.py): read where it is used, addressed by (step, slot).
 
 Each source must train a 2-worker cluster to the standalone run's model (1e-4): PNG files read with
 tf.io.decode_png, the job's own .npy files (the fast path), one file per example; a run resumed from

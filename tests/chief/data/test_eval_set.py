@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.job import Job, JobError
 from chief.data.eval_set import EvalSet, eval_set
-from chief.job import Job, JobError
 from chief.scores import evaluate
 
 pytestmark = pytest.mark.pure

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tf_keras
 
-from chief.job import JobError
+from chief.contract.job import JobError
 from chief.state.adapted import check_adapted
 
 pytestmark = pytest.mark.pure

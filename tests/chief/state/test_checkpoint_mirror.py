@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tf_keras
 
-from chief.job import load_job
+from chief.contract.job import load_job
 from chief.state.mirror import MirrorCheckpoints
 from chief.state.model_state import build_state, finalize_layers
 

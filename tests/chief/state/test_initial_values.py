@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.job import JobError, load_job
+from chief.contract.job import JobError, load_job
 from chief.jobs import recommender
 from chief.state.initial_values import (
     RowsOnChief,

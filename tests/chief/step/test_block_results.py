@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.data.sources import DataError
-from chief.data.streams import StreamSource
 from chief.step.block_results import (
     STALL_MIN_S,
     STALL_STEPS,
@@ -18,6 +16,8 @@ from chief.step.block_results import (
     stall_decision,
     unpack_applied,
 )
+from worker.input.sources import DataError
+from worker.input.streams import StreamSource
 
 pytestmark = pytest.mark.pure
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tf_keras
 
-from chief.data.arrays import first_rows
+from chief.contract.arrays import first_rows
+from chief.contract.job import Job, load_job
 from chief.data.train_source import train_source
-from chief.job import Job, load_job
 from chief.jobs import recommender
 from chief.optimizers import LazyAdam
 from chief.state.model_state import variables_of

@@ -67,7 +67,7 @@ def test_a_stop_during_a_restart_back_off_reaches_the_chief_at_once(tmp_path, mo
 
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-# A chief whose stop path checkpoints: it exits 128+15 on SIGTERM, as chief/trainer.py does after saving.
+# A chief whose stop path checkpoints: it exits 128+15 on SIGTERM, as chief/finish.py has it after saving.
 CHECKPOINTING_CHIEF = [
     sys.executable,
     "-c",

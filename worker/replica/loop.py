@@ -1,0 +1,89 @@
+"""The worker's in-graph program: the loop each slot's closure runs (the ps's side is worker/ps/apply.py).
+
+A block of K steps is two traced functions (chief/step/dispatch.py calls them once per block); this is
+the workers':
+- `worker_loop`: on a worker, for one slot, steps first..first+count-1: read the step's examples,
+  wait at the step gate (worker/ps/gate.py), compute the slot's loss, gradients and state deltas
+  and push them to the aggregator (worker/ps/aggregator.py). Returns one packed int64 vector: the
+  worker, then per step [j, epoch, index, hit] (chief/step/block_results.py reads it).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from worker.input.readahead import request_tag
+from worker.ps.gate import ABORT
+from worker.replica.replica import replica_step
+
+
+def worker_loop(strategy, state, replica, aggregator, gate, source, expected, readahead, backups: bool):
+    """The traced worker loop for one slot's closure: `worker_fn(iterator, first, count, slot, positions)`.
+    `expected`: the source's fingerprint; `readahead`: a ReadAhead or None; `backups`: more slots than
+    the N gradients a step applies (the apply then takes the first N slots to arrive)."""
+    global_step = state.global_step
+
+    @tf.function(autograph=False)  # the job's code is converted where it is called (chief/contract/as_written.py)
+    def worker_fn(iterator, first, count, slot, positions):
+        """Steps first..first+count-1 of `slot`; `positions` [count (+1 with read-ahead), B]."""
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+
+        def read(i, step):
+            """This step's examples (read before waiting at the gate: they overlap the apply), whether they
+            were read ahead (a stream: read from a fresh pipeline), and a stream's [j, epoch, index]."""
+            if source.streams:
+                batch, where, fresh = source.worker_batch(iterator, step, slot, expected)
+                return batch, fresh, where
+            nowhere = tf.constant([-1, -1, -1], tf.int64)
+            if readahead is None:
+                return (*source.worker_batch(next(iterator), positions[i], expected), nowhere)
+            tag = request_tag(step, slot, readahead.total_slots)  # ask for the next step's examples first
+            with tf.control_dependencies([readahead.request(tag + readahead.total_slots, positions[i + 1])]):
+                element = next(iterator)
+            return (*source.worker_batch(element, positions[i], expected, tag), nowhere)
+
+        def body(i, token, wheres):
+            step = first + tf.cast(i, tf.int64)
+            batch, hit, where = read(i, step)
+            token = gate.wait(step, global_step)
+
+            def replica_fn(batch, token):
+                # The model reads its parameters once the gate let this step through: control edges,
+                # opened here as the replica function runs in its own thread, on the examples and on
+                # every op the step makes (TF adds a control edge only to ops whose inputs all come from
+                # outside the block, so a table gathered by ids looked up from the examples would
+                # otherwise be read early). No tf.cond around the model (a lookup layer's per-worker
+                # table cannot be captured into a branch) nor around the pushes: a push for a step
+                # already applied (a backup's, a re-run's) is dropped by its accumulator, and after
+                # ABORT the accumulators are not used again.
+                graph = tf.compat.v1.get_default_graph()
+                made = len(graph.get_operations())
+                with tf.control_dependencies([token]):
+                    batch = tf.nest.map_structure(tf.identity, batch)
+                    loss, grads, deltas = replica_step(replica, batch, step, slot)
+                # A job's assertions (tf.debugging.assert_*, a stateful cond around an Assert) feed
+                # nothing: the pushes wait for every stateful op of the step, so a step whose assertion
+                # fails is never applied and the error names that step.
+                stateful = [op for op in graph.get_operations()[made:] if op._is_stateful]
+                with tf.control_dependencies(stateful):
+                    pushes = aggregator.push(slot, step, [loss, *grads, *deltas])
+                if backups:  # the apply takes the first N slots to arrive
+                    pushes = [aggregator.arrive(slot, step, worker, pushes)]
+                with tf.control_dependencies(pushes):
+                    return tf.equal(token, step)  # whether this slot's gradient can count for its step
+
+            pushed = strategy.run(replica_fn, args=(batch, token))
+            wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
+            with tf.control_dependencies([pushed]):  # the next step waits for this one's pushes
+                return i + 1, token, wheres
+
+        _, _, wheres = tf.while_loop(
+            lambda i, token, *_: tf.logical_and(i < count, tf.not_equal(token, ABORT)),
+            body,
+            (tf.constant(0, tf.int32), tf.constant(0, tf.int64), tf.TensorArray(tf.int64, 0, True)),
+            parallel_iterations=1,
+        )
+        # One packed result (each output costs a fetch RPC): the worker, then per step [j, epoch, index, hit].
+        return tf.concat([[tf.cast(worker, tf.int64)], tf.reshape(wheres.stack(), [-1])], 0)
+
+    return worker_fn
