@@ -130,7 +130,12 @@ def test_a_guide_pattern_trains_equal_on_both_engines(tmp_path, spec):
 
 @pytest.mark.parametrize("spec, message", [(s, m) for _, s, m in REFUSED], ids=[c for c, _, _ in REFUSED])
 def test_a_guide_pattern_pstrain_cannot_make_exact_is_refused_by_both_engines(tmp_path, spec, message):
-    for command in (["launch"], ["train", "--standalone"]):
-        result = run_pstrain([*command, "--job", spec, "--run-dir", str(tmp_path / command[0]), *COMMON], timeout=300)
+    with ThreadPoolExecutor(2) as pool:  # side by side, as the cases above
+        runs = [
+            pool.submit(run_pstrain, [*command, "--job", spec, "--run-dir", str(tmp_path / command[0]), *COMMON], 300)
+            for command in (["launch"], ["train", "--standalone"])
+        ]
+        results = [run.result() for run in runs]
+    for result in results:
         assert_one_line_error(result, message)
         assert_no_orphans(result)
