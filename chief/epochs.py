@@ -23,7 +23,7 @@ from cluster.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class EpochPlan:
+class Epochs:
     epochs: int
     steps_per_epoch: int
 
@@ -45,7 +45,7 @@ class EpochPlan:
         return replace(train, steps=self.steps, **every)
 
 
-def epoch_plan(train: TrainConfig, pass_examples: int | None, unknown_why: str = "") -> EpochPlan | None:
+def epochs_for(train: TrainConfig, pass_examples: int | None, unknown_why: str = "") -> Epochs | None:
     """The plan for `train` (None when it trains by steps) given the examples in one pass over the
     training set (None: not known before the first pass, `unknown_why` says why). Pure."""
     if not train.epochs:
@@ -62,7 +62,7 @@ def epoch_plan(train: TrainConfig, pass_examples: int | None, unknown_why: str =
             f"train.epochs: one pass over the training data is {pass_examples} examples, fewer than one step reads "
             f"({per_step}); use a smaller --global-batch-size or more data"
         )
-    return EpochPlan(train.epochs, pass_examples // per_step)
+    return Epochs(train.epochs, pass_examples // per_step)
 
 
 def pass_length(source) -> tuple[int | None, str]:

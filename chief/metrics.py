@@ -91,7 +91,7 @@ class Progress:
     RATE_WINDOW = 20
 
     def __init__(self, total: int, start: int, tty: bool, out: TextIO = sys.stdout, epochs=None):
-        """`epochs`: the run's EpochPlan (chief/epochs.py), when it trains by epochs: each line shows the epoch."""
+        """`epochs`: the run's Epochs (chief/epochs.py), when it trains by epochs: each line shows the epoch."""
         self.total, self.start, self.tty, self.out, self.epochs = total, start, tty, out, epochs
         self.every = max(1, total // 20)
         self.recent: deque[float] = deque(maxlen=self.RATE_WINDOW)  # seconds of the last steps

@@ -13,7 +13,7 @@ import tensorflow as tf
 from chief.contract.job import Job, load_job
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import train_source
-from chief.epochs import EpochPlan, epoch_plan, pass_length
+from chief.epochs import Epochs, epochs_for, pass_length
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints
@@ -99,7 +99,7 @@ class TrainingRun:
     stale_total: int = 0
     saved: int = -1  # the step of the checkpoint this run wrote last
     gradients_by_worker: dict[int, int] = field(default_factory=dict)
-    epochs: EpochPlan | None = None  # training by epochs (chief/epochs.py): train.steps is theirs
+    epochs: Epochs | None = None  # training by epochs (chief/epochs.py): train.steps is theirs
 
     def banner(self, standalone: bool) -> str:
         t = self.train
@@ -127,7 +127,7 @@ def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopT
     startup.mark("wait for the servers and join them")
     job = load_job(train.job)
     source = train_source(job, run_dir, train)  # built again on each worker from its own files
-    if epochs := epoch_plan(train, *pass_length(source)):
+    if epochs := epochs_for(train, *pass_length(source)):
         train = epochs.resolve(train)  # in steps from here on, on both engines alike
     evaluation = eval_set(job, source.first)
     sample = tf.nest.map_structure(np.asarray, source.first(1)[0])

@@ -16,7 +16,7 @@ from typing import Any
 
 from cluster import __version__
 from cluster.config import ClusterConfig, ConfigError, TrainConfig
-from cluster.plan import cluster_spec
+from cluster.task_setup import cluster_spec
 
 LOCK_NAME = "pstrain.lock"  # cluster/runlock.py: one run per run dir
 
@@ -157,6 +157,7 @@ def describe(mode: str, train: TrainConfig, cluster: ClusterConfig | None) -> di
         "cluster": cluster_spec(cluster) if cluster else None,
         "control": cluster.control if cluster else None,
         "worker_gpus": list(cluster.worker_gpus) if cluster else None,
+        "allow_open_ports": cluster.allow_open_ports if cluster else None,  # TF ports open where not closable
         "train": asdict(train),
     }
 

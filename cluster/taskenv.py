@@ -30,7 +30,7 @@ TLS_CA_ENV = "PSTRAIN_TLS_CA"
 PARENT_ENV = "PSTRAIN_PARENT_PID"
 READY_ENV = "PSTRAIN_READY_FILE"  # the chief connects to the cluster once this file exists
 TTY_ENV = "PSTRAIN_TTY"
-GPU_MEMORY_ENV = "PSTRAIN_GPU_MEMORY_MB"  # a worker's GPU memory limit (cluster/plan.py gpu_env)
+GPU_MEMORY_ENV = "PSTRAIN_GPU_MEMORY_MB"  # a worker's GPU memory limit (cluster/task_setup.py gpu_env)
 # Switches a user sets (no launcher hands them on): Switches.
 READ_AHEAD_ENV = "PSTRAIN_READ_AHEAD"
 LOG_PLACEMENT_ENV = "PSTRAIN_LOG_DEVICE_PLACEMENT"

@@ -94,7 +94,7 @@ def _gpu_or_skip(request):
     """A test marked `gpu` skips, saying why, on a machine where nvidia-smi lists no GPU."""
     if request.node.get_closest_marker("gpu") is None:
         return
-    from cluster.launch.gpus import gpu_count
+    from cluster.launch.gpu_count import gpu_count
 
     if gpu_count() == 0:
         pytest.skip("needs an NVIDIA GPU: nvidia-smi lists none here (deploy/gpu_check.sh runs these where there is one)")

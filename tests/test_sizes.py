@@ -38,3 +38,14 @@ def test_no_function_is_over_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT).as_posix()}:{node.lineno} {node.name}"] = lines
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_module_name_is_used_twice():
+    """One name per module: two files of one name (slurm.py beside render/slurm.py) make a reader ask
+    which one an error or a doc means. Package markers and entry points (__init__, __main__) aside."""
+    by_name: dict[str, list[str]] = {}
+    for path in sources():
+        if path.stem not in ("__init__", "__main__"):
+            by_name.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    twice = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not twice, f"module names used twice: {twice}"

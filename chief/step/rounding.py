@@ -8,7 +8,7 @@ rewritten unlike a worker's closure: the same step rounded differently (in the l
 of the BatchNorm CNN `tests/jobs/keras_models.py:Mixed` on), and long runs drifted. With both off, a
 cluster run without backup slots equals the standalone run bit for bit (docs/faults.md, "Exact for
 long runs"). Set in the chief too: a multi-process cluster's closures came out the same either way
-(measured), but in-process clusters (tests/chief/step/test_engines.py) run the closures under these options.
+(measured), but in-process clusters (tests/chief/step/test_dispatch.py) run the closures under these options.
 """
 
 from __future__ import annotations

@@ -15,19 +15,20 @@ from cluster import rundir
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
-from cluster.control.service import ControlPlane, serve
+from cluster.control.service import ControlService, serve
 from cluster.errors import ConfigError, PstrainError, writing
+from cluster.launch.closing import closed
 from cluster.launch.console import say, say_stopped
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
 from cluster.launch.supervisor import Child, Supervisor, python_module
 from cluster.launch.watch import ClusterWatch, wait_registered
-from cluster.plan import TaskPlan, cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
 from cluster.preflight import check_writable
 from cluster.rundir import latest_checkpoint_step
 from cluster.runlock import RunDirLock
 from cluster.stop import StopTrap
 from cluster.task import TaskId
+from cluster.task_setup import TaskSetup, cluster_spec, gpu_line, gpu_sharers, server_setups, task_setup
 from cluster.taskenv import TaskEnv, token_in_env
 from cluster.versions import local_versions
 
@@ -77,12 +78,13 @@ def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str
     return str(path)
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "") -> int:
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", where: str = "launch") -> int:
     """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
-    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself.
+    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
+    `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/closing.py).
     """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
@@ -90,7 +92,10 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     check_writable(Path(train.run_dir))  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
-        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop)
+        with closed(cluster, local_tasks, lock.run_dir, ports_here(cluster, local, local_tasks), where) as doors:
+            say(doors.line, warning=doors.open)
+            supervisor = Supervisor(rundir.RunDir(lock.run_dir).logs, doors.network)
+            return launch_locked(config, doors.cluster, creds, lock, local, local_tasks, control_bind, stop, supervisor)
 
 
 def launch_locked(
@@ -135,7 +140,7 @@ def launch_locked(
         ready.unlink(missing_ok=True)
         chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
         chief_argv = python_module("chief", "--run-dir", str(run_dir))
-        chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
+        chief = supervisor.start(task_setup(cluster, "chief", 0), chief_argv, sys.stdout.buffer, chief_env)
         try:
             failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
             if stop.requested:
@@ -162,7 +167,7 @@ def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Crede
         registry.request_stop()
         stop.request(signal.SIGTERM, cause=reason)
 
-    servicer = ControlPlane(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
+    servicer = ControlService(registry, cluster.heartbeat_interval, on_stop, assignment_for(cluster, registry))
     try:
         return serve(servicer, bind or cluster.control, creds)[0]
     except (OSError, RuntimeError) as e:
@@ -173,8 +178,8 @@ def start_local_servers(
     supervisor: Supervisor, cluster: ClusterConfig, local: frozenset[str], env: dict[str, str], local_tasks=None
 ) -> list[Child]:
     """Start the ps and worker servers that run here; the others register from their own machines."""
-    here = [p for p in plan_servers(cluster) if runs_here(p, local, local_tasks)]
-    servers = [supervisor.start(plan, python_module("worker"), extra_env=env) for plan in here]
+    here = [p for p in server_setups(cluster) if runs_here(p, local, local_tasks)]
+    servers = [supervisor.start(setup, python_module("worker"), extra_env=env) for setup in here]
     remote = len(cluster.ps) + len(cluster.workers) - len(here)
     waiting = f", waiting for {remote} on other machines" if remote else ""
     say(f"{len(here)} local tasks starting{waiting}; logs in {supervisor.log_dir}")
@@ -183,11 +188,17 @@ def start_local_servers(
     return servers
 
 
-def runs_here(plan: TaskPlan, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
+def ports_here(cluster: ClusterConfig, local: frozenset[str], local_tasks) -> list[int]:
+    """The TF ports of the tasks this launcher runs on this machine: the chief's and its local servers'."""
+    setups = [task_setup(cluster, "chief", 0), *(s for s in server_setups(cluster) if runs_here(s, local, local_tasks))]
+    return [parse_address("task", setup.address)[1] for setup in setups]
+
+
+def runs_here(setup: TaskSetup, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:
     """A task runs here when `local_tasks` names it, or (by default) when its host is this machine."""
     if local_tasks is not None:
-        return plan.task in local_tasks
-    return is_local_host(parse_address("task", plan.address)[0], local)
+        return setup.task in local_tasks
+    return is_local_host(parse_address("task", setup.address)[0], local)
 
 
 def linger_for_remote_nodes(registry: Registry, cluster: ClusterConfig, local: frozenset[str]) -> None:

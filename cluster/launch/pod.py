@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster.config import Config, ConfigError, load_toml
 from cluster.launch.launcher import launch, shared_control_env
-from cluster.plan import COMMON_ENV
+from cluster.task_setup import COMMON_ENV
 from cluster.taskenv import DEFAULT_CONTROL_PORT, env_control
 from cluster.tfconfig import TF_CONFIG_ENV, config_for_tf_config, control_address, parse_tf_config, task_tf_config, tf_config_text
 
@@ -44,7 +44,7 @@ def run_task(config_path: str, control_port: int = DEFAULT_CONTROL_PORT) -> int:
             raise ConfigError(f"train.run_dir: {config_path or 'the config'} sets none; give the chief a run dir on its volume")
         Path(config.train.run_dir).mkdir(parents=True, exist_ok=True)
         control = config.cluster.control
-        return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}")
+        return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}", where="pod")
     from worker.server import serve
 
     os.environ.update(env)

@@ -1,7 +1,7 @@
 """`pstrain launch --engine ray`: Ray places the tasks, pstrain runs them as `pstrain launch` does.
 
 It joins a Ray cluster (`--address auto|HOST:PORT`) or starts a local one on 127.0.0.1, reserves the
-whole cluster at once with one placement group (cluster/launch/ray_plan.py), starts one TaskHost actor
+whole cluster at once with one placement group (cluster/launch/ray_placement.py), starts one TaskHost actor
 per task in its bundle, builds TF_CONFIG from the address and free port each reports, checks that
 every node sees the run dir, and runs the launcher's control plane and ClusterWatch over the actors
 (cluster/launch/ray_supervisor.py). A lost node ends that placement: the tasks are placed again and
@@ -21,12 +21,13 @@ from typing import Any
 
 from cluster import rundir
 from cluster.config import ClusterConfig, Config, ConfigError, format_address, parse_address, with_train
+from cluster.doors import unclosed_line
 from cluster.errors import PstrainError
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import credentials, launch_locked, say, say_stopped
 from cluster.launch.ports import free_port
 from cluster.launch.ray_host import TaskHost
-from cluster.launch.ray_plan import (
+from cluster.launch.ray_placement import (
     Placed,
     Reservation,
     check_counts_only,
@@ -87,7 +88,7 @@ def join_or_start(ray: Any, cluster: ClusterConfig, cpus: int) -> None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"--address: no Ray cluster at {cluster.ray_address} ({first}); start one (docs/ray.md)") from None
         return
-    from cluster.launch.gpus import gpu_count
+    from cluster.launch.gpu_count import gpu_count
 
     ray.init(num_cpus=cpus, num_gpus=gpu_count(), include_dashboard=False, **common)
 
@@ -118,11 +119,11 @@ def wait_for(ray: Any, refs: list, timeout: float, stop: StopTrap) -> list | Non
     return None
 
 
-def reserve(ray: Any, plan: Reservation, timeout: float, stop: StopTrap) -> Any:
+def reserve(ray: Any, wanted: Reservation, timeout: float, stop: StopTrap) -> Any:
     """The placement group of the whole cluster, once Ray has reserved every bundle."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    group = placement_group(plan.bundles, strategy=plan.strategy)
+    group = placement_group(wanted.bundles, strategy=wanted.strategy)
     try:
         if wait_for(ray, [group.ready()], timeout, stop) is None:
             remove_placement_group(group)
@@ -130,20 +131,20 @@ def reserve(ray: Any, plan: Reservation, timeout: float, stop: StopTrap) -> Any:
     except TimeoutError:
         remove_placement_group(group)
         raise PstrainError(
-            f"ray: cannot reserve {len(plan.bundles)} bundles {plan.bundles} ({plan.strategy}) within {timeout:g}s; "
+            f"ray: cannot reserve {len(wanted.bundles)} bundles {wanted.bundles} ({wanted.strategy}) within {timeout:g}s; "
             f"the cluster has {ray.available_resources()} free (add nodes, or ask fewer tasks)"
         ) from None
     return group
 
 
-def start_hosts(ray: Any, group: Any, plan: Reservation, tasks: list[TaskId], gpus: bool, log_dir: Path) -> dict:
+def start_hosts(ray: Any, group: Any, wanted: Reservation, tasks: list[TaskId], gpus: bool, log_dir: Path) -> dict:
     """One TaskHost actor per task, in the task's bundle."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor = ray.remote(TaskHost)
     return {
         task: actor.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=plan.bundle_of[task]),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=wanted.bundle_of[task]),
             max_restarts=0,
             **task_resources(task, gpus),
         ).remote(str(log_dir), os.getcwd(), launcher_env())
@@ -152,7 +153,7 @@ def start_hosts(ray: Any, group: Any, plan: Reservation, tasks: list[TaskId], gp
 
 
 def launcher_env() -> dict[str, str]:
-    """What `pstrain launch` hands every task from its own environment beyond the plan: gRPC's settings."""
+    """What `pstrain launch` hands every task from its own environment beyond its setup: gRPC's settings."""
     return {name: value for name, value in os.environ.items() if name.startswith("GRPC_")}
 
 
@@ -203,8 +204,8 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
     `max_restarts` times)."""
     cluster, train = config.cluster, config.train
     gpus = ray.cluster_resources().get("GPU", 0) > 0
-    plan = reservation(cluster, worker_gpus=gpus)
-    group = reserve(ray, plan, train.startup_timeout, stop)
+    wanted = reservation(cluster, worker_gpus=gpus)
+    group = reserve(ray, wanted, train.startup_timeout, stop)
     if group is None:
         return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
     logs = rundir.RunDir(lock.run_dir).logs
@@ -214,7 +215,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
 
     try:
         for placement in range(cluster.max_restarts + 1):
-            hosts = start_hosts(ray, group, plan, tasks_of(cluster), gpus, logs)
+            hosts = start_hosts(ray, group, wanted, tasks_of(cluster), gpus, logs)
             try:
                 placed = place(ray, hosts, lock.run_dir, train.startup_timeout, stop)
                 if placed is None:
@@ -223,6 +224,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
                 control = format_address(here, free_port(here))
                 ran = placed_cluster(cluster, placed, control)
                 say(f"Ray placed {describe(ran)}")
+                say(unclosed_line("the tasks run in Ray's worker processes, where pstrain makes no rules"), warning=True)
                 local_tasks = {(t.type, t.index) for t in tasks_of(ran) if not t.is_chief}
                 supervisor = RaySupervisor(ray, logs, hosts)
                 return launch_locked(
@@ -233,7 +235,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
                     raise PstrainError(f"{lost}; gave up after {placement + 1} placements") from None
                 step = latest_checkpoint_step(lock.run_dir)
                 point = f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
-                wait = f"waiting up to {train.startup_timeout:g}s for room for {len(plan.bundles)} bundles, {plan.strategy}"
+                wait = f"waiting up to {train.startup_timeout:g}s for room for {len(wanted.bundles)} bundles, {wanted.strategy}"
                 line = f"lost {lost.task} at {lost.address} (its Ray node); resuming from {point} once Ray places it again"
                 say(f"{line} ({wait})", warning=True)
             finally:

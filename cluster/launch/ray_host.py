@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cluster.launch.ports import free_port
 from cluster.launch.supervisor import Child, Supervisor
-from cluster.plan import TaskPlan
+from cluster.task_setup import TaskSetup
 
 RAY_WORKER_ENV = ("OMP_NUM_THREADS",)  # what Ray sets in an actor's process for itself, not for its tasks
 
@@ -43,13 +43,13 @@ class TaskHost:
         except OSError:
             return False
 
-    def start(self, plan: TaskPlan, argv: list[str], extra_env: dict[str, str]) -> int:
-        """Start the task (again, after an exit: same plan, its log continues); returns its pid."""
+    def start(self, setup: TaskSetup, argv: list[str], extra_env: dict[str, str]) -> int:
+        """Start the task (again, after an exit: same setup, its log continues); returns its pid."""
         if self.child is not None:
             self.supervisor.reap(self.child)
             self.supervisor.children.remove(self.child)
         self.supervisor.log_dir.mkdir(parents=True, exist_ok=True)
-        self.child = self.supervisor.start(plan, argv, extra_env=extra_env)
+        self.child = self.supervisor.start(setup, argv, extra_env=extra_env)
         return self.child.process.pid
 
     def poll(self) -> int | None:

@@ -17,8 +17,8 @@ from typing import Any, BinaryIO
 from cluster.errors import PstrainError
 from cluster.launch.console import ConsoleFilter
 from cluster.launch.supervisor import Child, Supervisor, echo_console
-from cluster.plan import TaskPlan
 from cluster.task import TaskId
+from cluster.task_setup import TaskSetup
 
 RPC_TIMEOUT_S = 10.0  # a start or signal call to a task's actor
 POLL_EVERY_S = 0.2  # a running task's state is asked at most this often
@@ -84,26 +84,26 @@ class RaySupervisor(Supervisor):
         self.ray, self.hosts = ray, hosts
         self.armed = True  # NodeLost not raised yet, and no stop under way
 
-    def _lost(self, plan: TaskPlan) -> None:
+    def _lost(self, setup: TaskSetup) -> None:
         if self.armed:
             self.armed = False
-            raise NodeLost(plan.task, plan.address)
+            raise NodeLost(setup.task, setup.address)
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         self.armed = False
         super().stop_all(grace_s)
 
-    def start(self, plan: TaskPlan, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
-        log_path = self.log_dir / f"{plan.task.log_name}.log"
+    def start(self, setup: TaskSetup, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
+        log_path = self.log_dir / f"{setup.task.log_name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
-        host = self.hosts[plan.task]
+        host = self.hosts[setup.task]
         try:
-            pid = self.ray.get(host.start.remote(plan, argv, dict(extra_env or {})), timeout=RPC_TIMEOUT_S)
+            pid = self.ray.get(host.start.remote(setup, argv, dict(extra_env or {})), timeout=RPC_TIMEOUT_S)
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
             self.armed = False
-            raise NodeLost(plan.task, plan.address) from None
-        process = RemoteProcess(self.ray, host, pid, argv, on_lost=lambda: self._lost(plan))
-        child = Child(plan, process, log_path, argv, dict(extra_env or {}), echo)  # type: ignore[arg-type]
+            raise NodeLost(setup.task, setup.address) from None
+        process = RemoteProcess(self.ray, host, pid, argv, on_lost=lambda: self._lost(setup))
+        child = Child(setup, process, log_path, argv, dict(extra_env or {}), echo)  # type: ignore[arg-type]
         if echo:
             child.pump = threading.Thread(target=follow, args=(log_path, offset, echo, process), daemon=True)
             child.pump.start()

@@ -1,4 +1,4 @@
-"""Child processes of the launcher: started with their plan's env, logged per task, always reaped."""
+"""Child processes of the launcher: started with their setup's env, logged per task, always reaped."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from typing import BinaryIO
 
 from cluster.errors import WriteError, write_error
 from cluster.launch.console import ConsoleFilter
-from cluster.plan import TaskPlan
+from cluster.launch.netns import PrivateNetwork
 from cluster.task import TaskId
+from cluster.task_setup import TaskSetup
 from cluster.taskenv import TaskEnv
 
 
 @dataclass
 class Child:
-    plan: TaskPlan
+    setup: TaskSetup
     process: subprocess.Popen
     log_path: Path
     argv: list[str]
@@ -35,29 +36,32 @@ class Child:
 
     @property
     def task(self) -> TaskId:
-        return self.plan.task
+        return self.setup.task
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, network: PrivateNetwork | None = None):
+        """`network`: the private network namespace every task starts in (None: this machine's own)."""
         self.log_dir = log_dir
+        self.network = network
         self.children: list[Child] = []
 
-    def start(self, plan: TaskPlan, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
+    def start(self, setup: TaskSetup, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
         """Start a task; its output goes to logs/<type>-<index>.log (and to `echo` if given)."""
-        log_path = self.log_dir / f"{plan.task.log_name}.log"
+        log_path = self.log_dir / f"{setup.task.log_name}.log"
         log_file = open(log_path, "ab")
         # The task arms "die with parent" itself (cluster/taskenv.py), so no task outlives us.
-        env = {**os.environ, **plan.env, **(extra_env or {}), **TaskEnv(parent_pid=os.getpid()).to_env()}
+        env = {**os.environ, **setup.env, **(extra_env or {}), **TaskEnv(parent_pid=os.getpid()).to_env()}
         process = subprocess.Popen(
-            argv,
+            self.network.wrap(argv) if self.network else argv,  # the same pid either way
+            pass_fds=self.network.fds if self.network else (),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if echo else log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops children in order
         )
-        child = Child(plan, process, log_path, argv, dict(extra_env or {}), echo)
+        child = Child(setup, process, log_path, argv, dict(extra_env or {}), echo)
         if echo:
             child.pump = threading.Thread(target=_pump, args=(process.stdout, log_file, echo, child), daemon=True)
             child.pump.start()
@@ -67,10 +71,10 @@ class Supervisor:
         return child
 
     def restart(self, child: Child) -> Child:
-        """Start the same task again (same plan, command and environment); the log continues."""
+        """Start the same task again (same setup, command and environment); the log continues."""
         self.reap(child)
         self.children.remove(child)
-        new = self.start(child.plan, child.argv, child.echo, child.extra_env)
+        new = self.start(child.setup, child.argv, child.echo, child.extra_env)
         new.restarts = child.restarts + 1
         new.restart_times = (*child.restart_times, time.time())
         return new

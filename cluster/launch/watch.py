@@ -44,7 +44,7 @@ CHIEF_STOP_GRACE_S = 8.0  # a stopped chief is killed after this long without pr
 def describe_not_ready(child: Child) -> str:
     code = child.process.poll()
     state = "not registered" if code is None else f"exited with code {returncode_exit_code(code)}"
-    return f"{child.task.log_name} at {child.plan.address} ({state}; see {child.log_path})"
+    return f"{child.task.log_name} at {child.setup.address} ({state}; see {child.log_path})"
 
 
 def wait_registered(registry: Registry, servers: list[Child], timeout: float, stop: StopTrap, chief: Child | None = None) -> str:

@@ -91,7 +91,7 @@ def visible(task_type: str, index: int, device: str) -> str:
     """--device gpu: worker i (and a one-process peer) on GPU i mod the GPUs here; ps, chief on none."""
     if device != "gpu" or task_type not in ("worker", "single"):
         return ""
-    from cluster.launch.gpus import gpu_count
+    from cluster.launch.gpu_count import gpu_count
 
     return str(index % max(gpu_count(), 1))
 

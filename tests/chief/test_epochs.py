@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from chief.epochs import EpochPlan, epoch_plan, pass_length
+from chief.epochs import Epochs, epochs_for, pass_length
 from chief.jobs import digits
 from cluster.config import ConfigError, TrainConfig, resolve
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, step_lines
@@ -20,23 +20,23 @@ from worker.input.streams import StreamSource
 @pytest.mark.pure
 def test_an_epoch_is_the_whole_steps_of_one_pass():
     train = TrainConfig(epochs=3, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
-    plan = epoch_plan(train, 1437)
-    assert plan == EpochPlan(3, 22) and plan.steps == 66  # 1437 // 64: the remainder opens the next epoch
+    plan = epochs_for(train, 1437)
+    assert plan == Epochs(3, 22) and plan.steps == 66  # 1437 // 64: the remainder opens the next epoch
     assert [plan.epoch_of(s) for s in (0, 21, 22, 65)] == [0, 0, 1, 2]
     assert [plan.ends_epoch(d) for d in (0, 21, 22, 44)] == [False, False, True, True]
     backups = TrainConfig(epochs=1, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=3)
-    assert epoch_plan(backups, 1437).steps_per_epoch == 1437 // 96  # a step reads the backup's slot too
-    assert epoch_plan(TrainConfig(), 1437) is None  # by steps
+    assert epochs_for(backups, 1437).steps_per_epoch == 1437 // 96  # a step reads the backup's slot too
+    assert epochs_for(TrainConfig(), 1437) is None  # by steps
 
 
 @pytest.mark.pure
 def test_epoch_intervals_resolve_to_the_epoch_length():
     train = resolve({"train": {"epochs": 2, "eval_every": "epoch", "checkpoint_every": "epoch"}}).train
     assert (train.eval_every, train.checkpoint_every) == ("epoch", "epoch")
-    resolved = epoch_plan(train, 1000).resolve(train)
+    resolved = epochs_for(train, 1000).resolve(train)
     assert (resolved.steps, resolved.eval_every, resolved.checkpoint_every) == (30, 15, 15)
     steps_every = resolve({"train": {"epochs": 2, "eval_every": 5}}).train
-    assert epoch_plan(steps_every, 1000).resolve(steps_every).eval_every == 5
+    assert epochs_for(steps_every, 1000).resolve(steps_every).eval_every == 5
 
 
 @pytest.mark.pure
@@ -60,9 +60,9 @@ def test_the_config_refuses_in_one_line(raw, overrides, says):
 def test_a_pass_shorter_than_a_step_or_of_unknown_length_is_refused():
     train = TrainConfig(epochs=1, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
     with pytest.raises(ConfigError, match=r"train.epochs: one pass .* is 50 examples, fewer than one step reads \(64\)"):
-        epoch_plan(train, 50)
+        epochs_for(train, 50)
     with pytest.raises(ConfigError, match=r"not known before its first pass \(why\); declare it .*assert_cardinality"):
-        epoch_plan(train, None, "why")
+        epochs_for(train, None, "why")
 
 
 @pytest.mark.pure

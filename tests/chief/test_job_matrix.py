@@ -23,7 +23,7 @@ from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
 from cluster.rundir import RunDir
-from tests.chief.step.test_engines import full_weights
+from tests.chief.step.test_dispatch import full_weights
 from tests.jobs.matrix import FORMS, case_name
 
 # (weighted, outputs, compiled) and its complement: four pairs, each setting of two factors in some pair.

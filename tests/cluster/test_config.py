@@ -6,8 +6,8 @@ import pytest
 from tensorflow.core.protobuf import config_pb2  # noqa: F401  imported here: the test itself starts no process
 
 from cluster.config import ConfigError, resolve
-from cluster.plan import cluster_spec, gpu_line, gpu_sharers, plan_servers, plan_task
 from cluster.rundir import check_compatible
+from cluster.task_setup import cluster_spec, gpu_line, gpu_sharers, server_setups, task_setup
 from cluster.taskenv import TaskEnv
 from cluster.tfconfig import task_tf_config
 from worker.server import server_config
@@ -101,10 +101,10 @@ def test_tf_config_and_env_per_task():
     spec = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
     written = json.loads(task_tf_config(cluster_spec(cluster), "worker", 1))
     assert written == {"cluster": spec, "task": {"type": "worker", "index": 1}}
-    servers = plan_servers(cluster)
+    servers = server_setups(cluster)
     assert [p.task.log_name for p in servers] == ["ps-0", "worker-0", "worker-1"]
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in servers] == ["", "1", "0"]
-    chief = plan_task(cluster, "chief", 0)
+    chief = task_setup(cluster, "chief", 0)
     assert chief.env["CUDA_VISIBLE_DEVICES"] == "" and chief.address == "h:1"
     assert all(p.env["GRPC_FAIL_FAST"] == "use_caller" for p in servers + [chief])
 
@@ -112,12 +112,12 @@ def test_tf_config_and_env_per_task():
 def test_workers_sharing_a_gpu_get_memory_growth_or_the_configured_limit_and_one_launch_line():
     three = {"cluster": {"workers": 3}, "train": {"global_batch_size": 60}}
     shared = resolve(three, gpu_count=2).cluster  # workers 0 and 2 share GPU 0
-    envs = [p.env for p in plan_servers(shared) if p.task.type == "worker"]
+    envs = [p.env for p in server_setups(shared) if p.task.type == "worker"]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0"]
     assert [e.get("TF_FORCE_GPU_ALLOW_GROWTH") for e in envs] == ["true", None, "true"]
     assert gpu_line(shared) == "worker 0 GPU 0, worker 1 GPU 1, worker 2 GPU 0; shared: GPU 0 by workers 0, 2 (memory growth on)"
     limited = resolve({"cluster": {"worker_gpu_memory_mb": 2048}}, gpu_count=1).cluster
-    envs = [p.env for p in plan_servers(limited) if p.task.type == "worker"]
+    envs = [p.env for p in server_setups(limited) if p.task.type == "worker"]
     assert [(e["CUDA_VISIBLE_DEVICES"], e["PSTRAIN_GPU_MEMORY_MB"]) for e in envs] == [("0", "2048"), ("0", "2048")]
     assert not any("TF_FORCE_GPU_ALLOW_GROWTH" in e for e in envs)
     assert gpu_line(limited).endswith("shared: GPU 0 by workers 0, 1 (each worker limited to 2048 MiB)")

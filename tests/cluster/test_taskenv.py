@@ -14,8 +14,8 @@ from cluster.errors import ConfigError, PstrainError, report
 from cluster.launch.launcher import control_env, credentials, shared_control_env
 from cluster.launch.node import node_env
 from cluster.launch.pod import pod_env
-from cluster.plan import COMMON_ENV, cluster_spec, plan_task
 from cluster.rundir import RunDir
+from cluster.task_setup import COMMON_ENV, cluster_spec, task_setup
 from cluster.taskenv import TaskEnv
 from cluster.tfconfig import chief_address, named_task_type, server_task, task_tf_config
 
@@ -38,7 +38,7 @@ def test_launch_node_slurm_and_task_give_a_worker_the_same_environment(tmp_path)
     }
     raw = {"cluster": cluster, "train": {"startup_timeout": 45, "run_dir": str(tmp_path / "run")}}
     config = resolve(raw)
-    worker = plan_task(config.cluster, "worker", 0).env
+    worker = task_setup(config.cluster, "worker", 0).env
 
     launch = {**worker, **control_env(config, credentials(config.cluster, generate=True))}
     node = {**worker, **node_env(config, config.cluster, credentials(config.cluster, generate=False))}

@@ -13,7 +13,10 @@ from chief.jobs import digits
 
 
 def out(name: str) -> str:
-    return str(Path(os.environ.get("PSTRAIN_CALLBACKS_DIR", ".")) / name)
+    """`name` in $PSTRAIN_CALLBACKS_DIR, which the tests set; without it, nowhere (it once wrote an empty
+    hooks.jsonl into the directory a run was started from: the repository's root)."""
+    where = os.environ.get("PSTRAIN_CALLBACKS_DIR")
+    return str(Path(where) / name) if where else os.devnull
 
 
 class Hooks(tf_keras.callbacks.Callback):

@@ -1,5 +1,5 @@
 """Embedding tables on a real local cluster (processes): sparse gradients, a table sharded over two
-ps, and the result equal to the standalone run. The optimizer matrix runs in tests/chief/step/test_engines.py."""
+ps, and the result equal to the standalone run. The optimizer matrix runs in tests/chief/step/test_dispatch.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from cluster.launch.gpus import gpu_count
+from cluster.launch.gpu_count import gpu_count
 from tests.helpers import assert_no_orphans, run_pstrain
 
 pytestmark = [pytest.mark.cluster, pytest.mark.gpu]

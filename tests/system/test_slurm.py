@@ -20,7 +20,7 @@ from cluster.config import ConfigError, resolve
 from cluster.launch.launcher import shared_control_env
 from cluster.launch.ports import free_port
 from cluster.launch.slurm_node import slurm_config
-from cluster.render.slurm import SRUN, SlurmOptions, render_sbatch
+from cluster.render.sbatch import SRUN, SlurmOptions, render_sbatch
 from cluster.rundir import RunDir
 from cluster.slurm import assigned_gpus, expand_hostlist, expand_tasks_per_node, slurm_node
 from tests.helpers import (

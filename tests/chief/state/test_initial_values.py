@@ -33,7 +33,7 @@ from chief.state.unfilled import unfilled, unfilled_initializers
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
-from tests.chief.step.test_engines import engine_inputs, full_weights
+from tests.chief.step.test_dispatch import engine_inputs, full_weights
 
 TABLES = recommender.small  # user table 20,000 x 8 (625 KiB): sharded over 2 ps; item table 62.5 KiB
 LOW = 64 << 10  # forces the user table (not the item table) onto the ps path

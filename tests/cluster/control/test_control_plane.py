@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -16,7 +18,10 @@ from cluster.control.proto import control_pb2 as pb
 from cluster.control.proto.generate import generated_files
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
-from cluster.control.service import ControlPlane, serve, status_dict, status_message, stub
+from cluster.control.service import ControlService, serve, status_dict, status_message, stub
+from cluster.doctor.listeners import listeners, parse_table
+from cluster.doctor.run import run_doors
+from cluster.runlock import read_holder
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -100,7 +105,7 @@ def test_silent_task_is_lost_and_chief_reports_progress():
 def control_plane():
     registry = Registry(EXPECTED, local_versions(), heartbeat_timeout=5)
     stops: list[str] = []
-    servicer = ControlPlane(registry, 1.0, stops.append, lambda hosts: ({}, []))
+    servicer = ControlService(registry, 1.0, stops.append, lambda hosts: ({}, []))
     server, port = serve(servicer, "127.0.0.1:0", Credentials("right-token"))
     yield f"127.0.0.1:{port}", registry, stops
     server.stop(grace=0)
@@ -130,6 +135,23 @@ def test_registration_over_grpc_refuses_skew(control_plane):
     assert ("worker", 0) not in registry.tasks
 
 
+STEPS = 1000
+
+
+def listening_here(pids: set[int]) -> list[tuple[str, int]]:
+    """The listening TCP sockets of `pids` as this (the user's) network namespace sees them: its own
+    /proc/net tables matched to the sockets the processes hold (what `ss -ltnp` shows for them)."""
+    table = {**parse_table(Path("/proc/self/net/tcp").read_text()), **parse_table(Path("/proc/self/net/tcp6").read_text())}
+    held = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    held.add(int(target[8:-1]))
+    return [table[inode] for inode in held if inode in table]
+
+
 def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
     argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token_file), "--json"]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -144,7 +166,18 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("[cluster]\nheartbeat_interval = 0.5\nheartbeat_timeout = 2.0\n")
     token_file = run_dir / "control.token"
-    args = ["launch", "--config", str(config), "--run-dir", str(run_dir), "--steps", "300", "--checkpoint-every", "20"]
+    # Steps enough to outlast the status calls below (each a process) where the cores are idle: 300 ended first.
+    args = [
+        "launch",
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "20",
+    ]
     seen: dict = {}
 
     def drive() -> bool:
@@ -157,10 +190,20 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             if status["state"] != "training" or status["step"] < 30:
                 return False
             seen["serving"] = {row["task"]: row["state"] for row in status["tasks"]}
+            pids = [row["pid"] for row in status["tasks"]]
+            # Where the doors are while it trains: no socket of any task in this (the user's) namespace,
+            # every TF server listening in the run's private one (seen through /proc/PID/net).
+            run = {*pids, read_holder(run_dir).pid}  # the tasks and the launcher (the run dir lock's holder)
+            seen["host_view"] = listening_here(run)
+            seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
+            seen["tasks_pids"] = set(pids)
+            seen["doctor"] = [(c.level, c.message) for c in run_doors(run_dir)]
             bad = tmp_path / "bad.token"
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
-            seen["step_after_refusal"] = json.loads(status_json(control, token_file).stdout)["step"]
+            after = status_json(control, token_file)
+            assert after.returncode == 0, after.stderr
+            seen["step_after_refusal"] = json.loads(after.stdout)["step"]
             seen["pid"] = next(row["pid"] for row in status["tasks"] if row["task"] == "worker:1")
             psutil.Process(seen["pid"]).send_signal(signal.SIGSTOP)
             # When the launcher last heard it (no later than this: its registry's age of that heartbeat,
@@ -174,6 +217,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             seen["others"] = {row["task"]: row["state"] for row in live_status()["tasks"] if row["task"] != "worker:1"}
         return False
 
+    def control_of(run_dir) -> str:
+        return json.loads((run_dir / "cluster.json").read_text())["control"]
+
     def live_status() -> dict:
         """Polled in-process (real gRPC, no interpreter start-up per poll)."""
         control = json.loads((run_dir / "cluster.json").read_text())["control"]
@@ -182,6 +228,12 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
 
     result = run_pstrain(args, signal_when=drive)
     assert seen["serving"] == {"chief:0": "training", "ps:0": "serving", "worker:0": "serving", "worker:1": "serving"}
+    assert seen["host_view"] == [], "a process of a local cluster listens on TCP in the user's network namespace"
+    assert seen["inside"] == {(pid, True) for pid in seen["tasks_pids"]}, "each TF server listens, in the private namespace"
+    assert control_of(run_dir).startswith("unix:"), "status and stop went through the run dir's socket"
+    listed = [m for _, m in seen["doctor"] if "listens on" in m]
+    assert len(listed) == 4 and all("reached by the run's own tasks only" in m for m in listed), seen["doctor"]
+    assert {level for level, _ in seen["doctor"]} == {"INFO"}, "doctor --run-dir: no door open to anyone"
     refused = seen["refused"]
     assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
     assert seen["step_after_refusal"] >= 30, "training went on after the refused call"
@@ -194,5 +246,5 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
     assert seen["others"]["worker:0"] == "serving"
     assert result.returncode == 0, result.output
     steps, _ = metrics(run_dir)
-    assert [s["step"] for s in steps] == list(range(300)) and all(s["aggregated"] == 2 for s in steps)
+    assert [s["step"] for s in steps] == list(range(STEPS)) and all(s["aggregated"] == 2 for s in steps)
     assert_no_orphans(result)

@@ -19,7 +19,7 @@ import pytest
 
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
-from cluster.control.service import ControlPlane, serve
+from cluster.control.service import ControlService, serve
 from cluster.doctor import checks, facts, gpus
 from cluster.doctor.checks import Check, Gpu, GpuProcess, Probe, Smi
 from cluster.doctor.run import cluster_checks
@@ -197,7 +197,7 @@ def test_cluster_checks_against_a_real_control_plane():
     registry.register(("worker", 0), "box", up, 42, local_versions(), [])
     registry.register(("worker", 1), "box", down, 43, local_versions(), [])
     creds = Credentials("secret-token")
-    server, port = serve(ControlPlane(registry, 1.0, lambda reason: None, lambda hosts: ({}, [])), "127.0.0.1:0", creds)
+    server, port = serve(ControlService(registry, 1.0, lambda reason: None, lambda hosts: ({}, [])), "127.0.0.1:0", creds)
     try:
         found = cluster_checks(f"127.0.0.1:{port}", creds)
         assert levels(found) == {

@@ -14,7 +14,7 @@ import tf_keras
 from chief.contract.job import Job
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
-from tests.chief.step.test_engines import engine_inputs, full_weights, run_both
+from tests.chief.step.test_dispatch import engine_inputs, full_weights, run_both
 from worker.ps.clipping import SETTINGS, apply_clipped
 
 ROWS, WIDTH = 20_000, 8  # a 625 KiB table: two shards

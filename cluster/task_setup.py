@@ -20,7 +20,7 @@ COMMON_ENV = {
 
 
 @dataclass(frozen=True)
-class TaskPlan:
+class TaskSetup:
     """One process of the cluster: its role, its address and the environment it starts with."""
 
     task: TaskId
@@ -73,18 +73,18 @@ def gpu_line(cluster: ClusterConfig) -> str:
     return placed + (f"; shared: {'; '.join(shared)} ({memory})" if shared else "")
 
 
-def plan_task(cluster: ClusterConfig, task_type: str, index: int) -> TaskPlan:
+def task_setup(cluster: ClusterConfig, task_type: str, index: int) -> TaskSetup:
     address = cluster_spec(cluster)[task_type][index]
     env = dict(COMMON_ENV)
     env[TF_CONFIG_ENV] = task_tf_config(cluster_spec(cluster), task_type, index)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(cluster, task_type, index)
     if task_type == "worker":
         env.update(gpu_env(cluster, index))
-    return TaskPlan(task=TaskId(task_type, index), address=address, env=env)
+    return TaskSetup(task=TaskId(task_type, index), address=address, env=env)
 
 
-def plan_servers(cluster: ClusterConfig) -> list[TaskPlan]:
+def server_setups(cluster: ClusterConfig) -> list[TaskSetup]:
     """The passive TF servers, ps first (workers' closures read variables from them)."""
-    return [plan_task(cluster, "ps", i) for i in range(len(cluster.ps))] + [
-        plan_task(cluster, "worker", i) for i in range(len(cluster.workers))
+    return [task_setup(cluster, "ps", i) for i in range(len(cluster.ps))] + [
+        task_setup(cluster, "worker", i) for i in range(len(cluster.workers))
     ]

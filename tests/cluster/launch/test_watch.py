@@ -15,10 +15,10 @@ from cluster.launch import watch
 from cluster.launch.launcher import expected_tasks
 from cluster.launch.supervisor import Supervisor
 from cluster.launch.watch import ClusterWatch
-from cluster.plan import plan_task
 from cluster.policy import Restart
 from cluster.stop import StopTrap
 from cluster.task import TaskId
+from cluster.task_setup import task_setup
 from tests.helpers import wait_for_sigterm_handler
 
 pytestmark = pytest.mark.cluster
@@ -41,9 +41,9 @@ def test_a_stop_during_a_restart_back_off_reaches_the_chief_at_once(tmp_path, mo
             os.kill(os.getpid(), signal.SIGTERM)
 
     try:
-        worker = supervisor.start(plan_task(cluster, "worker", 0), [sys.executable, "-c", "raise SystemExit(3)"])
+        worker = supervisor.start(task_setup(cluster, "worker", 0), [sys.executable, "-c", "raise SystemExit(3)"])
         worker.process.wait()
-        chief = supervisor.start(plan_task(cluster, "chief", 0), [sys.executable, "-c", "import time; time.sleep(600)"])
+        chief = supervisor.start(task_setup(cluster, "chief", 0), [sys.executable, "-c", "import time; time.sleep(600)"])
         with StopTrap() as stop:
             stop_wait = stop.wait
 
@@ -121,11 +121,11 @@ def silent_cluster(tmp_path, chief_argv, start_worker: bool):
     (tmp_path / "checkpoints" / "checkpoint").write_text(
         'model_checkpoint_path: "ckpt-75"\nall_model_checkpoint_paths: "ckpt-75"\n'
     )
-    worker = supervisor.start(plan_task(cluster, "worker", 0), SLEEPER) if start_worker else None
+    worker = supervisor.start(task_setup(cluster, "worker", 0), SLEEPER) if start_worker else None
     address = cluster.workers[0]
     registry.register(TaskId("worker", 0), "127.0.0.1", address, worker.process.pid if worker else 4242, {}, [])
     clock.now = 11.0  # no heartbeat for 11 s
-    chief = supervisor.start(plan_task(cluster, "chief", 0), chief_argv)
+    chief = supervisor.start(task_setup(cluster, "chief", 0), chief_argv)
     return cluster, registry, supervisor, worker, chief, clock
 
 

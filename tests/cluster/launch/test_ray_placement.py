@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cluster.config import ConfigError, resolve
-from cluster.launch.ray_plan import (
+from cluster.launch.ray_placement import (
     Placed,
     check_counts_only,
     loopback_address,
@@ -18,8 +18,8 @@ from cluster.launch.ray_plan import (
     tasks_of,
     unshared_nodes,
 )
-from cluster.plan import plan_task
 from cluster.task import TaskId
+from cluster.task_setup import task_setup
 
 pytestmark = pytest.mark.pure
 
@@ -55,7 +55,7 @@ def test_tf_config_comes_from_each_tasks_node_and_port_and_its_gpu():
     assert ran.ps == ("10.0.0.1:4001", "10.0.0.1:4002")
     assert ran.workers == ("10.0.0.1:5000", "10.0.0.2:5000", "10.0.0.3:5000")
     assert ran.worker_gpus == (None, None, 3) and ran.control == "10.0.0.1:7000"
-    worker = plan_task(ran, "worker", 2)
+    worker = task_setup(ran, "worker", 2)
     assert worker.env["CUDA_VISIBLE_DEVICES"] == "3", "the GPU Ray gave the worker's actor"
     spec = json.loads(worker.env["TF_CONFIG"])
     assert spec["cluster"]["chief"] == ["10.0.0.1:4000"] and spec["task"] == {"type": "worker", "index": 2}
