@@ -19,24 +19,30 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     or compile's, named as Keras names them: `<output>_<metric>` for several outputs).
 
     The set is read `batch` examples at a time: memory does not grow with it. Each output's loss is
-    combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM).
+    combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM; a
+    masked output's mean over the whole set's unmasked positions, as tf_keras's Loss reduces one batch).
     """
     from worker.replica.losses import output_losses
 
     # In a function an embedding lookup reads only the rows it needs: called eagerly, a table split over
     # ps tasks was concatenated whole on the caller.
-    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+    predict = with_masks(tf.function(lambda x: and_masks(model(x, training=False)), reduce_retracing=True))
     output_names = getattr(model, "output_names", None)
     metrics = metric_container(job, output_names)
     means, sums, examples, correct, classifier = 0.0, 0.0, 0, 0, metrics is None
+    masked: dict[int, list[float]] = {}  # output -> [sum of value * unmasked positions, unmasked positions]
     for part in data.batches(batch):
         features, labels = part[0], part[1]
         weights = part[2] if len(part) > 2 else None
         predictions = predict(features)
         n = len(tf.nest.flatten(labels)[0])
-        for value, reduction in output_losses(job, output_names, labels, predictions, weights, num_slots=1):
+        for i, (value, reduction, count) in enumerate(output_losses(job, output_names, labels, predictions, weights, 1)):
             if reduction == tf_keras.losses.Reduction.SUM:
                 sums += float(value)
+            elif count is not None:  # a mean over a masked output's unmasked positions: over the whole set's
+                masked.setdefault(i, [0.0, 0.0])
+                masked[i][0] += float(value) * float(count)
+                masked[i][1] += float(count)
             else:
                 means += float(value) * n
         examples += n
@@ -51,7 +57,7 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
             classifier = False
     if not examples:
         raise JobError(f"{data.what} is empty; give at least one example to evaluate on")
-    result = {"eval_loss": means / examples + sums}
+    result = {"eval_loss": means / examples + sums + sum(total / count for total, count in masked.values())}
     if model.losses:
         result["eval_loss"] += float(tf.add_n([tf.cast(x, tf.float32) for x in model.losses]))
     for name, value in (metrics.results() if metrics is not None else {}).items():
@@ -59,6 +65,24 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     if classifier:
         result["eval_accuracy"] = correct / examples
     return result
+
+
+def and_masks(predictions: Any) -> tuple[Any, list]:
+    """(predictions, each output's Keras mask or None): a function's outputs lose their `_keras_mask`."""
+    return predictions, [getattr(t, "_keras_mask", None) for t in tf.nest.flatten(predictions)]
+
+
+def with_masks(predict):
+    """`predict` whose outputs carry again the Keras masks `and_masks` returned beside them."""
+
+    def run(features):
+        predictions, masks = predict(features)
+        for output, mask in zip(tf.nest.flatten(predictions), masks, strict=True):
+            if mask is not None:
+                output._keras_mask = mask
+        return predictions
+
+    return run
 
 
 def tensors(nest: Any) -> Any:
