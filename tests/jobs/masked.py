@@ -1,9 +1,11 @@
-"""tf_keras jobs whose output carries a Keras mask (`Embedding(mask_zero=True)` before per-timestep
-outputs), for tests/chief/contract/test_masked_loss.py: `Masked` (a mean loss, compiled), `MaskedSum`
-(the same with reduction SUM), and `MaskedWeighted` (a mean loss with per-example sample weights)."""
+"""Jobs whose output carries a Keras mask (`Embedding(mask_zero=True)` before per-timestep outputs),
+for tests/chief/contract/test_masked_loss.py: `Masked` (a tf_keras mean loss, compiled), `MaskedSum`
+(the same with reduction SUM), `MaskedWeighted` (a mean loss with per-example sample weights), and
+their Keras 3 twins `Keras3Masked`, `Keras3MaskedSum`."""
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tf_keras
 
@@ -53,3 +55,24 @@ class MaskedWeighted(Masked):
     def train_data():
         ids, labels = padded_data(64, 0)
         return ids, labels, np.random.default_rng(2).uniform(0.5, 2.0, size=64).astype(np.float32)
+
+
+def keras3_masked_model(reduction: str = "sum_over_batch_size") -> keras.Model:
+    ids = keras.Input((STEPS,), dtype="int32")
+    x = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(ids)
+    model = keras.Model(ids, keras.layers.Dense(3)(keras.layers.Dense(8, activation="tanh")(x)))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
+    return model
+
+
+class Keras3Masked(Masked):
+    @staticmethod
+    def model_fn() -> keras.Model:
+        return keras3_masked_model()
+
+
+class Keras3MaskedSum(Masked):
+    @staticmethod
+    def model_fn() -> keras.Model:
+        return keras3_masked_model("sum")

@@ -4,8 +4,8 @@ Keras's weighted mean over a global batch of G examples is sum(w * l) / G (SUM_O
 the default for functions and `Loss` objects); a step averages the gradients of its N slots of
 G / N examples, so each slot's loss is its own weighted mean sum(w * l) / (G / N), and the mean over
 the slots is Keras's. With reduction SUM a slot's loss is N * sum(w * l): the mean is the global sum.
-A tf_keras output that carries a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weighs each loss
-value by the mask as tf_keras's fit does: SUM is sum(w * m * l), a mean is sum(w * m * l) / sum(m),
+An output that carries a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weighs each loss value
+by the mask as fit does (tf_keras and Keras 3 alike): SUM is sum(w * m * l), a mean is sum(w * m * l) / sum(m),
 divided by the unmasked positions of the whole batch, which N > 1 slots cannot know: refused there.
 A multi-output model's loss is, as in `fit`, the sum over its outputs of each output's loss (so
 reduced) times its loss weight; losses, loss weights, labels and sample weights are matched to the
@@ -24,7 +24,7 @@ from tf_keras.src.engine import compile_utils
 from tf_keras.src.utils import losses_utils
 
 from chief.contract.as_written import as_written
-from chief.contract.framework import TF_KERAS, refuse_masked_output
+from chief.contract.framework import KERAS3, TF_KERAS
 from chief.contract.framework import loss_object as framework_loss_object
 from chief.contract.job import Job, JobError
 
@@ -53,10 +53,20 @@ def loss_object(loss: Any, framework: str = TF_KERAS) -> Any:
     return None if loss is None else framework_loss_object(framework, loss)
 
 
-def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, num_slots: int, name: str, mask=None) -> tf.Tensor:
+def reduce_slot(
+    values: tf.Tensor,
+    reduction: str,
+    sample_weight,
+    batch: int,
+    num_slots: int,
+    name: str,
+    mask=None,
+    framework: str = TF_KERAS,
+) -> tf.Tensor:
     """One slot's share of the step loss from per-example (or already reduced, scalar) values; a Keras
-    `mask` of the output (or None) weighs the values as tf_keras's `Loss.__call__` does (its
-    `apply_valid_mask`): a mean is then over the unmasked positions, times the mask's size over the values'."""
+    `mask` of the output (or None) weighs the values as the framework's `Loss.__call__` does (tf_keras's
+    `apply_valid_mask`, Keras 3's `apply_mask`): a mean is then over the unmasked positions, times the
+    mask's size over the values' (no unmasked position: NaN in tf_keras, 0 in Keras 3, as theirs)."""
     values = tf.cast(values, tf.float32)
     if values.shape.rank == 0:
         if mask is not None:
@@ -82,7 +92,8 @@ def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, nu
     if mask is not None:
         values, _, mask = losses_utils.squeeze_or_expand_dimensions(values, None, tf.cast(mask, tf.float32))
         if reduction != tf_keras.losses.Reduction.SUM:
-            mask = mask * (tf.cast(tf.size(mask), tf.float32) / tf.reduce_sum(mask))  # Keras's total / valid
+            total, valid = tf.cast(tf.size(mask), tf.float32), tf.reduce_sum(mask)
+            mask = mask * (tf.math.divide_no_nan(total, valid) if framework == KERAS3 else total / valid)
         values = values * mask
     total = tf.reduce_sum(values)
     if reduction == tf_keras.losses.Reduction.SUM:
@@ -119,8 +130,7 @@ def output_losses(
         loss = loss_object(losses[i], job.framework)
         if y_true is None or loss is None:  # an output without a loss (Keras allows it)
             continue
-        refuse_masked_output(what, job.framework, y_pred)
-        mask = losses_utils.get_mask(y_pred)  # before any cast, which drops it
+        mask = getattr(y_pred, "_keras_mask", None)  # both Kerases' mask on the TF backend; a cast drops it
         y_pred = tf.convert_to_tensor(y_pred)
         if y_pred.dtype.is_floating and y_pred.dtype != tf.float32:
             y_pred = tf.cast(y_pred, tf.float32)  # mixed precision: the loss in float32, as Keras advises
@@ -146,7 +156,7 @@ def output_losses(
                 f"loss divides by the unmasked positions of the whole batch, which {num_slots} replica slots cannot split "
                 "exactly; use a loss with reduction=SUM, or --replicas-to-aggregate 1"
             )
-        value = reduce_slot(values, loss.reduction, weight, y_pred.shape[0], num_slots, name, mask)
+        value = reduce_slot(values, loss.reduction, weight, y_pred.shape[0], num_slots, name, mask, job.framework)
         if loss_weights[i] is not None:
             value = value * float(loss_weights[i])
         count = None if mask is None or is_sum else tf.reduce_sum(tf.cast(mask, tf.float32))
