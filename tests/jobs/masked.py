@@ -26,7 +26,7 @@ def masked_model(reduction: str = tf_keras.losses.Reduction.AUTO) -> tf_keras.Mo
     x = tf_keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(ids)
     model = tf_keras.Model(ids, tf_keras.layers.Dense(3)(tf_keras.layers.Dense(8, activation="tanh")(x)))
     loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
-    model.compile(optimizer=tf_keras.optimizers.SGD(0.5), loss=loss)
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.5), loss=loss, metrics=["accuracy"])
     return model
 
 
@@ -62,7 +62,7 @@ def keras3_masked_model(reduction: str = "sum_over_batch_size") -> keras.Model:
     x = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(ids)
     model = keras.Model(ids, keras.layers.Dense(3)(keras.layers.Dense(8, activation="tanh")(x)))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss, metrics=["accuracy"])
     return model
 
 

@@ -1,7 +1,7 @@
 """An output that carries a Keras mask (`Embedding(mask_zero=True)`) is trained and scored as fit and
 evaluate reduce it, in tf_keras and Keras 3: one pstrain step equals one step of `model.fit` (a mean over the
 unmasked positions with one slot; a masked SUM split over two slots), the eval loss equals `evaluate`
-over the whole set in one batch, and a mean that two slots cannot split exactly is refused in one
+over the whole set in one batch (its accuracy too), and a mean that two slots cannot split exactly is refused in one
 line when the step is traced (before any step). In process (no cluster)."""
 
 from __future__ import annotations
@@ -83,9 +83,10 @@ def test_eval_loss_equals_evaluate_over_the_whole_set(name):
     seeded()
     model = job.model_fn()
     data = masked.Masked.eval_data()
-    expected = model.evaluate(*data, batch_size=len(data[0]), verbose=0)
-    by_batch = model.evaluate(*data, batch_size=5, verbose=0)
-    ours = evaluate(job, model, EvalSet.from_arrays(data, "eval_data()"), batch=5)["eval_loss"]
-    assert ours == pytest.approx(expected, rel=1e-6)
+    expected, accuracy = model.evaluate(*data, batch_size=len(data[0]), verbose=0)
+    by_batch, _ = model.evaluate(*data, batch_size=5, verbose=0)
+    ours = evaluate(job, model, EvalSet.from_arrays(data, "eval_data()"), batch=5)
+    assert ours["eval_loss"] == pytest.approx(expected, rel=1e-6)
+    assert ours["eval_accuracy"] == pytest.approx(accuracy, rel=1e-6)  # over the unmasked positions too
     if name != "MaskedSum":
         assert abs(by_batch - expected) > 1e-4  # the check can fail: per-batch means weigh positions differently
