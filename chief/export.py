@@ -14,14 +14,30 @@ from chief.contract.arrays import tensor_dtype
 from cluster.errors import WriteError, writing
 
 
-def serving_spec(sample: Any) -> Any:
-    """TensorSpecs for the features nest: named by dict key (a single array is "features"); text is tf.string."""
+def declared_shapes(model: Any, sample: Any) -> Any:
+    """The shapes of the model's own inputs (`Input(shape=...)`, batch dimension None) in the nest of
+    `sample`, None for each one the model does not declare (a subclassed model, a Sequential without Input)."""
+    declared = getattr(model, "_nested_inputs", None)
+    if isinstance(sample, dict) and isinstance(declared, dict):
+        return {k: list(declared[k].shape) if k in declared else None for k in sample}
+    if not isinstance(sample, dict) and not tf.nest.is_nested(sample) and hasattr(declared, "shape"):
+        return list(declared.shape)
+    return tf.nest.map_structure(lambda _: None, sample)
 
-    def spec(value, name: str) -> tf.TensorSpec:
-        return tf.TensorSpec([None, *np.shape(value)[1:]], tensor_dtype(np.asarray(value)), name=name)
 
+def serving_spec(sample: Any, model: Any = None) -> Any:
+    """TensorSpecs for the features nest: named by dict key (a single array is "features"); text is
+    tf.string; each in the shape the model declares for it (`Input(shape=(1,))` takes [None, 1], as
+    Keras feeds a column of shape [None] to it), else in the data's."""
+
+    def spec(value, name: str, shape=None) -> tf.TensorSpec:
+        return tf.TensorSpec(shape or [None, *np.shape(value)[1:]], tensor_dtype(np.asarray(value)), name=name)
+
+    shapes = declared_shapes(model, sample)
     if isinstance(sample, dict):
-        return {k: spec(v, k) for k, v in sample.items()}
+        return {k: spec(v, k, shapes[k]) for k, v in sample.items()}
+    if shapes is not None and not tf.nest.is_nested(shapes):
+        return spec(sample, "features", shapes)
     flat = tf.nest.flatten(sample)
     names = ["features"] if len(flat) == 1 else [f"features_{i}" for i in range(len(flat))]
     return tf.nest.pack_sequence_as(sample, [spec(v, n) for v, n in zip(flat, names, strict=True)])
@@ -36,7 +52,7 @@ def export_saved_model(model, sample: Any, path: Path) -> None:
     Keras's own traces of every layer's call are left out (as `model.save(save_traces=False)`): the
     signature is what serves, and Keras traced a subclassed layer's `call` with AutoGraph off, so a job
     whose layer branches on a tensor in Python trained and then failed here."""
-    spec = serving_spec(sample)
+    spec = serving_spec(sample, model)
 
     def outputs(y):
         if isinstance(y, dict):

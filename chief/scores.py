@@ -14,27 +14,40 @@ from chief.data.eval_set import EvalSet
 
 
 def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, float]:
-    """eval_loss (Keras's weighted loss over the outputs, plus the model's own losses), eval_accuracy for
-    a single classifier output without metrics, and `eval_<name>` for every metric (`metrics_fn()`'s,
-    or compile's, named as Keras names them: `<output>_<metric>` for several outputs).
+    """eval_loss as Keras's `evaluate` counts it (the weighted loss over the outputs, plus the model's
+    own losses of each evaluated batch: regularizers, `add_loss` in `call()`, activity regularizers),
+    `eval_<name>` for every metric (`metrics_fn()`'s, or compile's, named as Keras names them:
+    `<output>_<metric>` for several outputs), and for a job without metrics whose one output is a
+    classifier's (rank-2 predictions, integer labels) `eval_accuracy`: Keras's own "accuracy" for that
+    output (thresholded at 0.5 for one unit, sparse categorical otherwise).
 
     The set is read `batch` examples at a time: memory does not grow with it. Each output's loss is
     combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM; a
-    masked output's mean over the whole set's unmasked positions, as tf_keras's Loss reduces one batch).
+    masked output's mean over the whole set's unmasked positions, as Keras's Loss reduces one batch);
+    the model's own losses enter per batch, weighted by its examples, as `evaluate`'s loss mean does.
     """
     from worker.replica.losses import output_losses
 
     # In a function an embedding lookup reads only the rows it needs: called eagerly, a table split over
-    # ps tasks was concatenated whole on the caller.
-    predict = with_masks(tf.function(lambda x: and_masks(model(x, training=False)), reduce_retracing=True))
+    # ps tasks was concatenated whole on the caller. The model's losses are read in the same call: they
+    # are that call's tensors (an activity loss is the batch's), not to be read outside it; so are the
+    # outputs' Keras masks, which a function's outputs lose (`with_masks` puts them back).
+    @tf.function(reduce_retracing=True)
+    def forward(x):
+        predictions = model(x, training=False)
+        own = [tf.cast(loss, tf.float32) for loss in model.losses]
+        masks = [getattr(t, "_keras_mask", None) for t in tf.nest.flatten(predictions)]
+        return predictions, masks, tf.add_n(own) if own else tf.constant(0.0)
+
     output_names = getattr(model, "output_names", None)
     metrics = metric_container(job, output_names)
-    means, sums, examples, correct, classifier = 0.0, 0.0, 0, 0, metrics is None
+    means, sums, own, examples = 0.0, 0.0, 0.0, 0
     masked: dict[int, list[float]] = {}  # output -> [sum of value * unmasked positions, unmasked positions]
     for part in data.batches(batch):
         features, labels = part[0], part[1]
         weights = part[2] if len(part) > 2 else None
-        predictions = predict(features)
+        predictions, masks, own_losses = forward(features)
+        with_masks(predictions, masks)
         n = len(tf.nest.flatten(labels)[0])
         for i, (value, reduction, count) in enumerate(output_losses(job, output_names, labels, predictions, weights, 1)):
             if reduction == tf_keras.losses.Reduction.SUM:
@@ -45,44 +58,36 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
                 masked[i][1] += float(count)
             else:
                 means += float(value) * n
+        own += float(own_losses) * n
+        if metrics is None and not examples and is_classifier(predictions, labels):
+            metrics = default_accuracy(job, output_names)
         examples += n
         if metrics is not None:
-            labels_t, weights_t = (
-                None if x is None else tf.nest.map_structure(tf.convert_to_tensor, x) for x in (labels, weights)
-            )
-            metrics.update_state(labels_t, predictions, sample_weight=weights_t)
-        if classifier and tf.is_tensor(predictions) and predictions.shape.rank == 2 and np.asarray(labels).dtype.kind in "iu":
-            correct += int(np.sum(np.argmax(predictions, axis=1) == np.asarray(labels).reshape(-1)))
-        else:
-            classifier = False
+            metrics.update_state(tensors(labels), predictions, sample_weight=tensors(weights))
     if not examples:
         raise JobError(f"{data.what} is empty; give at least one example to evaluate on")
-    result = {"eval_loss": means / examples + sums + sum(total / count for total, count in masked.values())}
-    if model.losses:
-        result["eval_loss"] += float(tf.add_n([tf.cast(x, tf.float32) for x in model.losses]))
+    result = {"eval_loss": (means + own) / examples + sums + sum(total / count for total, count in masked.values())}
     for name, value in (metrics.results() if metrics is not None else {}).items():
         result[f"eval_{name}"] = value
-    if classifier:
-        result["eval_accuracy"] = correct / examples
     return result
 
 
-def and_masks(predictions: Any) -> tuple[Any, list]:
-    """(predictions, each output's Keras mask or None): a function's outputs lose their `_keras_mask`."""
-    return predictions, [getattr(t, "_keras_mask", None) for t in tf.nest.flatten(predictions)]
+def with_masks(predictions: Any, masks: list) -> None:
+    """Give each output its Keras mask (or none) again, for the losses and metrics that apply it."""
+    for output, mask in zip(tf.nest.flatten(predictions), masks, strict=True):
+        if mask is not None:
+            output._keras_mask = mask
 
 
-def with_masks(predict):
-    """`predict` whose outputs carry again the Keras masks `and_masks` returned beside them."""
+def is_classifier(predictions: Any, labels: Any) -> bool:
+    """One output of rank-2 predictions with integer labels: what gets a default accuracy."""
+    return tf.is_tensor(predictions) and predictions.shape.rank == 2 and np.asarray(labels).dtype.kind in "iu"
 
-    def run(features):
-        predictions, masks = predict(features)
-        for output, mask in zip(tf.nest.flatten(predictions), masks, strict=True):
-            if mask is not None:
-                output._keras_mask = mask
-        return predictions
 
-    return run
+def default_accuracy(job: Job, output_names) -> EvalMetrics:
+    """Keras's "accuracy" as `compile(metrics=["accuracy"])` resolves it for the output (unweighted):
+    binary_accuracy (threshold 0.5) for one unit, sparse_categorical_accuracy for several."""
+    return EvalMetrics(job.framework, ["accuracy"], None, output_names)
 
 
 def tensors(nest: Any) -> Any:

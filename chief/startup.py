@@ -20,7 +20,7 @@ from chief.state.checkpoints import Checkpoints
 from chief.state.model_state import variables_of
 from chief.state.route import open_checkpoints
 from chief.state.sharding import placement_summary
-from chief.step.dispatch import ClusterEngine
+from chief.step.dispatch import ClusterEngine, connect
 from chief.step.engine import Engine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig
@@ -120,6 +120,11 @@ def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopT
         note_start(run_dir.path, "chief")  # `done in` counts restarts (cluster/run_times.py)
     starts = read_records(run_dir.starts)  # read now: the run's times, whatever befalls the run dir
     stop_point(stop)
+    if not wait_until_ready(train.startup_timeout + 30, stopped=lambda: stop.requested):
+        stop_point(stop)
+        raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
+    joined = None if standalone else connect()  # before the job's module is imported (see connect)
+    startup.mark("wait for the servers and join them")
     job = load_job(train.job)
     source = train_source(job, run_dir, train)  # built again on each worker from its own files
     if epochs := epochs_for(train, *pass_length(source)):
@@ -128,12 +133,8 @@ def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopT
     sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
     startup.mark("job and data")
     stop_point(stop)
-    if not wait_until_ready(train.startup_timeout + 30, stopped=lambda: stop.requested):
-        stop_point(stop)
-        raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
-    startup.mark("wait for the servers")
-    engine = (LocalEngine if standalone else ClusterEngine)(job, train, source, sample)
-    startup.mark("connect and build and check the job")
+    engine = ClusterEngine(job, train, source, sample, joined=joined) if joined else LocalEngine(job, train, source, sample)
+    startup.mark("build and check the job")
     stop_point(stop)
     agent = None if standalone else start_agent(stop)
     if not standalone:

@@ -12,6 +12,7 @@ pstrain runs its own step and evaluation, so the override would be silently skip
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -122,6 +123,17 @@ def refuse_custom_steps(spec: str, model: Any, framework: str) -> None:
         )
 
 
+def takes_no_arguments(value: Any) -> bool:
+    """A plain function (not a Loss object, not a name) that must be called without arguments."""
+    if not (inspect.isfunction(value) or inspect.ismethod(value)):
+        return False
+    try:
+        parameters = inspect.signature(value).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
+
+
 def job_parts(spec: str, target: Any) -> dict[str, Any]:
     """loss_fn, loss_weights, loss_name, optimizer_fn, metrics_fn, compiled_metrics and framework for a Job."""
     loss_fn, optimizer_fn = getattr(target, "loss_fn", None), getattr(target, "optimizer_fn", None)
@@ -145,6 +157,8 @@ def job_parts(spec: str, target: Any) -> dict[str, Any]:
             f"--job {spec}: missing {' and '.join(missing)}; define {', '.join(missing)} in the job, or compile the "
             "model returned by model_fn() (model.compile(optimizer=..., loss=...))"
         )
+    if takes_no_arguments(loss_fn):  # a factory, as optimizer_fn is: `def loss_fn(): return BinaryCrossentropy()`
+        loss_fn, parts["loss_name"] = loss_fn(), "loss_fn()"
     optimizer = optimizer_fn()
     uses: dict[str, Any] = {"optimizer_fn()'s optimizer": optimizer, parts["loss_name"]: loss_fn}
     if metrics_fn is not None:

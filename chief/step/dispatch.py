@@ -45,6 +45,16 @@ log = logging.getLogger("pstrain.chief")
 INTERRUPT_POLL_S = 0.02
 
 
+def connect(resolver=None) -> tuple:
+    """Join the cluster (`resolver`, default TF_CONFIG's training tasks): this process's devices become
+    /job:chief/... Before the job is imported: a lookup table or variable the job's module makes at
+    import lives on a device of the context it was made in, and /job:localhost is gone once joined
+    ("/job:localhost/replica:0/task:0/device:CPU:0 unknown device" when a worker's pipeline uses it)."""
+    resolver = resolver or training_resolver()
+    num_ps = resolver.cluster_spec().num_tasks("ps")
+    return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps)), resolver
+
+
 class ClusterEngine:
     """ParameterServerStrategy + ClusterCoordinator, made synchronous by the aggregator.
 
@@ -62,19 +72,21 @@ class ClusterEngine:
         sample,
         resolver=None,
         ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
+        joined: tuple | None = None,
     ):
         """`source`: the training examples, built again on each worker (worker/input/sources.py); `sample`: one
         example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
-        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py)."""
+        variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py);
+        `joined`: (strategy, resolver) of the cluster `connect` joined (default: joined here)."""
         self.train = train
         self.source = source
         same_rounding_everywhere()  # as in the standalone reference
         allow_loss_scaling_under_ps()
-        resolver = resolver or training_resolver()
-        num_ps = resolver.cluster_spec().num_tasks("ps")
-        # Keras 3's variables cannot be sharded (chief/contract/framework.py): with several ps they are placed whole.
-        split = partitioner(num_ps) if job.framework == TF_KERAS else None
-        self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=split)
+        self.strategy, resolver = joined or connect(resolver)
+        if job.framework != TF_KERAS:
+            # Keras 3's variables cannot be sharded (chief/contract/framework.py): with several ps they are
+            # placed whole. The job is known only after the join (connect), so the splitter is switched off here.
+            self.strategy.extended._variable_partitioner = None
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, train.seed, sample, ps_init_min_bytes)

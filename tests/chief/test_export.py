@@ -62,3 +62,20 @@ def test_a_list_or_tuple_of_outputs_serves_one_output_per_name(tmp_path, make, n
     assert sorted(served) == names
     for name, value in zip(names, expected, strict=True):
         np.testing.assert_allclose(served[name].numpy(), value.numpy(), rtol=1e-6)
+
+
+@pytest.mark.pure
+def test_the_signature_takes_the_inputs_the_model_declares_not_the_data_shape(tmp_path):
+    """A dict column of shape [N] fed to `Input(shape=(1,))` (Keras expands it): the export takes [None, 1]."""
+    x = tf_keras.Input((1,), name="age")
+    words = tf_keras.Input((), dtype="string", name="word")
+    length = tf_keras.layers.Lambda(lambda w: tf.cast(tf.strings.length(w), tf.float32)[:, None])(words)
+    model = tf_keras.Model({"age": x, "word": words}, tf_keras.layers.Dense(1)(tf_keras.layers.Concatenate()([x, length])))
+    data = {"age": np.arange(4, dtype=np.float32), "word": np.array(["a", "bb", "ccc", "d"])}
+    expected = model(data).numpy()
+    export_saved_model(model, data, tmp_path / "saved_model")
+    serve = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
+    assert serve.structured_input_signature[1]["age"].shape.as_list() == [None, 1]
+    assert serve.structured_input_signature[1]["word"].shape.as_list() == [None]
+    served = serve(age=tf.constant(data["age"][:, None]), word=tf.constant(data["word"]))["predictions"]
+    np.testing.assert_allclose(served.numpy(), expected, rtol=1e-6)

@@ -18,9 +18,14 @@ from worker.input.readahead import ReadAhead
 from worker.input.sources import READ_PARALLELISM, Nest, Source, digest, sample_positions
 
 
-def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
+def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor, first_alone: bool = False) -> Nest:
     """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch
-    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to)."""
+    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to).
+
+    The first read of a dataset must be `first_alone` (see `instantiate_maps`); later reads may not."""
+    if first_alone:
+        with tf.control_dependencies(tf.nest.flatten(instantiate_maps(dataset, indices[0]))):
+            return read_positions(dataset, tf.identity(indices))
     n = indices.shape[0]
     reads = tf.data.Dataset.from_tensor_slices(indices).map(
         lambda i: tf.data.experimental.at(dataset, i), num_parallel_calls=READ_PARALLELISM, deterministic=True
@@ -28,6 +33,18 @@ def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
     if n is not None:  # exactly n elements: one full batch, with its size in the static shape
         return reads.batch(n, drop_remainder=True).get_single_element()
     return reads.batch(tf.size(indices, out_type=tf.int64)).get_single_element()
+
+
+def instantiate_maps(dataset: tf.data.Dataset, index) -> Nest:
+    """Element `index` read alone (TF ops, or eager values): the first read of a dataset, before any
+    parallel one. TF's `MapDataset::Get` (the random access behind `tf.data.experimental.at`; TF 2.21,
+    core/kernels/data/map_dataset_op.cc) instantiates the map's function on the first read and keeps
+    it, with no lock (`ParallelMapDataset` takes a `call_once`): two first reads at once each
+    instantiate it, and the one replaced is freed while its thread runs it. A map that captures a
+    lookup table (a StringLookup in the map, TF's ParameterServerStrategy tutorial) instantiates slowly
+    enough for that to happen on most runs: garbage return dtypes ("Expected type INVALID for return
+    value 0"), "Tried to remove non-existent function", SIGSEGV or SIGABRT (std::bad_function_call)."""
+    return tf.data.experimental.at(dataset, index)
 
 
 _SHAPES = re.compile(r"First element had shape (\[[^\]]*\]) and element (\d+) had shape (\[[^\]]*\])")
@@ -67,6 +84,28 @@ def draws_at_random(dataset: tf.data.Dataset) -> bool:
     return function is not None and any(op in STATEFUL_RANDOM_OPS for op, _ in unsupported_ops(function.graph))
 
 
+def batched_examples(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
+    """The `.batch()` (or padded_batch, ...) whose batches are `dataset`'s elements, when it batched
+    whole (features, labels[, weights]) examples and no `.unbatch()` undid it; else None. A batch of a
+    stream of single values made into examples afterwards (sequences of tokens, then split into inputs
+    and targets) is an example, not a batch."""
+    name = type(dataset).__name__
+    if "Unbatch" in name:
+        return None
+    if "Batch" in name:
+        (source,) = dataset._inputs()
+        spec = source.element_spec
+        return dataset if isinstance(spec, tuple) and len(spec) in (2, 3) else None
+    return next((found for d in dataset._inputs() if (found := batched_examples(d)) is not None), None)
+
+
+def captures_state(dataset: tf.data.Dataset) -> bool:
+    """Whether `dataset` maps with a function that captures a resource: a lookup table (StringLookup,
+    IntegerLookup, a `tf.lookup` table: TF's ParameterServerStrategy tutorial) or a variable."""
+    function = getattr(getattr(dataset, "_map_func", None), "function", None)
+    return function is not None and any(t.dtype == tf.resource for t in function.captured_inputs)
+
+
 class DatasetSource(Source):
     """The job's `train_dataset()`: built on each worker from that worker's files, read by position."""
 
@@ -87,10 +126,13 @@ class DatasetSource(Source):
         `at` works on a shuffle, but each read starts a new iterator, whose order a reshuffle changes:
         a shuffled pipeline is read as a stream, made afresh (the same order, with a seed) each epoch.
         So is one whose map draws with stateful random ops: each read would draw anew (and `at` on it
-        was seen to crash the process)."""
+        was seen to crash the process); and one whose map captures a table or variable: on a worker,
+        `at` runs such a map (a multi-device function: the lookup reads a resource) as a function whose
+        return types are garbage ("Expected type INVALID for return value 0"), even read alone, where an
+        iterator (the stream) runs it as TF's tutorial does."""
         if int(dataset.cardinality().numpy()) <= 0:
             return False
-        if any("Shuffle" in type(d).__name__ or draws_at_random(d) for d in pipeline(dataset)):
+        if any("Shuffle" in type(d).__name__ or draws_at_random(d) or captures_state(d) for d in pipeline(dataset)):
             return False
         try:
             tf.data.experimental.at(dataset, 0)
@@ -103,16 +145,34 @@ class DatasetSource(Source):
         """`make()`, checked to be a dataset. Made as the job wrote it (`as_written`): a worker
         may make it inside a closure that pstrain traces with AutoGraph off, and a map function's Python
         `if` on a tensor needs AutoGraph on where `map` is called."""
-        dataset = as_written(make)()
+        try:
+            dataset = as_written(make)()
+        except RuntimeError as e:
+            if "PreprocessingLayer.adapt" not in str(e):
+                raise
+            raise JobError(
+                f"{what} adapts a preprocessing layer, and pstrain also builds the pipeline inside functions (for "
+                "the workers), where Keras refuses adapt(); adapt the layer once outside it (at the job module's "
+                "top level, or in a function cached with functools.cache) and use it in the map"
+            ) from None
         if not isinstance(dataset, tf.data.Dataset):
             raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+        if (batch := batched_examples(dataset)) is not None:
+            shape = tf.nest.flatten(batch.element_spec)[0].shape
+            raise JobError(
+                f"{what}: its elements are batches (a .batch() of its examples: shape {shape.as_list()}); give single "
+                "examples, which pstrain batches to --global-batch-size (remove the .batch())"
+            )
         return dataset
 
     def local(self) -> tf.data.Dataset:
         """The dataset in this process, made again once the process has joined a cluster (its devices change)."""
         space = context.context().host_address_space()
         if self._local is None or self._local[0] != space:
-            self._local = (space, self.made(self.make, self.what))
+            dataset = self.made(self.make, self.what)
+            if int(dataset.cardinality().numpy()) > 0:
+                instantiate_maps(dataset, 0)  # eagerly: the functions are this context's, for every later read
+            self._local = (space, dataset)
         return self._local[1]
 
     def read_local(self, indices: np.ndarray) -> Nest:
@@ -136,7 +196,7 @@ class DatasetSource(Source):
         def fingerprint(_):
             cardinality = dataset.cardinality()
             safe = tf.minimum(positions, tf.maximum(cardinality - 1, 0))
-            return cardinality, digest(read_positions(dataset, safe))
+            return cardinality, digest(read_positions(dataset, safe, first_alone=True))  # the first read here
 
         checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
         parts = (checks, tf.data.Dataset.from_tensors(dataset).repeat())

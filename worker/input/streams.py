@@ -61,6 +61,9 @@ class StreamSource:
         self.batches_per_epoch: int | None = self._recorded()
         self.start = 0  # the first stream batch of this run: first step * M
         self.position_name = f"pstrain_stream_{uuid.uuid4().hex[:8]}"  # the workers' position tables
+        # Built once as the workers build it, inside a function: what only fails there (a layer's adapt())
+        # is refused here, in one line, and not from inside a pipeline's traced function.
+        tf.function(lambda: self._made().cardinality(), autograph=False).get_concrete_function()
         with one_shape(what):
             first = self.fingerprint().digest
         if first != self.fingerprint().digest:

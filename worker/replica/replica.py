@@ -146,6 +146,11 @@ def inspect_job(
     )
     step = tf.function(lambda d: replica_step(traced, d, tf.constant(0, tf.int64), 0)[0], autograph=False)
     graph = step.get_concrete_function(batch).graph
+    if adding := [layer.name for layer in model._flatten_layers() if getattr(layer, "_metrics", None)]:
+        raise JobError(
+            f"model_fn: layer {adding[-1]!r} calls self.add_metric() in call(), which pstrain does not take (the "
+            "metric would be updated in each replica's forward pass); give the metric in metrics_fn() or compile(metrics=...)"
+        )
     found = unsupported_ops(graph)
     if found:
         op, name = found[0]

@@ -146,3 +146,10 @@ def test_evaluation_of_a_compiled_job_is_model_evaluate():
     assert set(ours) == {"eval_loss", "eval_kind_accuracy", "eval_size_mae"}
     for name, value in ours.items():
         assert value == pytest.approx(theirs[name.removeprefix("eval_")], rel=1e-5), name
+
+
+@pytest.mark.pure
+def test_a_loss_fn_written_as_a_factory_gives_its_loss():
+    job = load_job("tests.jobs.guides:LossFactory")
+    assert isinstance(job.loss_fn, tf_keras.losses.SparseCategoricalCrossentropy) and job.loss_name == "loss_fn()"
+    assert load_job("tests.jobs.guides:SparseNoMetrics").loss_fn == "sparse_categorical_crossentropy"

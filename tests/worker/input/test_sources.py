@@ -127,6 +127,18 @@ def test_dataset_source_reads_positions_and_only_random_access_datasets_qualify(
     assert not any(DatasetSource.random_access(d) for d in streams)
 
 
+def test_a_map_holding_a_lookup_table_is_read_as_a_stream_and_sequences_made_by_batch_are_examples():
+    """TF's `at` runs a map that captures a table with garbage return types on a worker: such a pipeline is
+    a stream. A .batch() of single values made into examples afterwards (token sequences) is no batch."""
+    import tf_keras
+
+    lookup = tf_keras.layers.StringLookup(vocabulary=["a", "b"])
+    table = tf.data.Dataset.from_tensor_slices(["a", "b", "c"]).map(lambda w: (lookup(w), 1))
+    assert not DatasetSource.random_access(table)
+    sequences = DatasetSource.made(load_job("tests.jobs.guides:TokenSequences").train_dataset, "ds")
+    assert sequences.element_spec[0].shape.as_list() == [5]
+
+
 def digits_dataset(transform):
     """A job's train_dataset(): digits examples through `transform`."""
     from chief.jobs import digits
@@ -140,11 +152,17 @@ NOT_FIXED = [  # a job's pipeline that would train on other examples in each bui
         lambda d: d.map(lambda x, y: (x + tf.random.uniform(tf.shape(x), 0, 0.1), y)),
         "two builds of the pipeline gave different first examples; its order must be fixed",
     ),
-    (lambda d: d.batch(32), "its examples differ in shape (one [32,8,8,1], another [30,8,8,1]); give single examples"),
+    (lambda d: d.batch(32), "its elements are batches (a .batch() of its examples: shape [None, 8, 8, 1]); give single"),
+    (  # all batches of one shape: seen in the pipeline, not in the examples (a model without Input took them)
+        lambda d: d.batch(32, drop_remainder=True).map(lambda x, y: (x * 2.0, y)),
+        "its elements are batches (a .batch() of its examples: shape [32, 8, 8, 1]); give single examples",
+    ),
 ]
 
 
-@pytest.mark.parametrize("transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batched"])
+@pytest.mark.parametrize(
+    "transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batched", "batched drop_remainder"]
+)
 def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
     from chief.contract.job import Job
     from chief.data.train_source import train_source
