@@ -22,31 +22,40 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     output (thresholded at 0.5 for one unit, sparse categorical otherwise).
 
     The set is read `batch` examples at a time: memory does not grow with it. Each output's loss is
-    combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM);
+    combined over batches exactly as one pass over the whole set reduces it (a mean, or a sum for SUM; a
+    masked output's mean over the whole set's unmasked positions, as Keras's Loss reduces one batch);
     the model's own losses enter per batch, weighted by its examples, as `evaluate`'s loss mean does.
     """
     from worker.replica.losses import output_losses
 
     # In a function an embedding lookup reads only the rows it needs: called eagerly, a table split over
     # ps tasks was concatenated whole on the caller. The model's losses are read in the same call: they
-    # are that call's tensors (an activity loss is the batch's), not to be read outside it.
+    # are that call's tensors (an activity loss is the batch's), not to be read outside it; so are the
+    # outputs' Keras masks, which a function's outputs lose (`with_masks` puts them back).
     @tf.function(reduce_retracing=True)
     def forward(x):
         predictions = model(x, training=False)
         own = [tf.cast(loss, tf.float32) for loss in model.losses]
-        return predictions, tf.add_n(own) if own else tf.constant(0.0)
+        masks = [getattr(t, "_keras_mask", None) for t in tf.nest.flatten(predictions)]
+        return predictions, masks, tf.add_n(own) if own else tf.constant(0.0)
 
     output_names = getattr(model, "output_names", None)
     metrics = metric_container(job, output_names)
     means, sums, own, examples = 0.0, 0.0, 0.0, 0
+    masked: dict[int, list[float]] = {}  # output -> [sum of value * unmasked positions, unmasked positions]
     for part in data.batches(batch):
         features, labels = part[0], part[1]
         weights = part[2] if len(part) > 2 else None
-        predictions, own_losses = forward(features)
+        predictions, masks, own_losses = forward(features)
+        with_masks(predictions, masks)
         n = len(tf.nest.flatten(labels)[0])
-        for value, reduction in output_losses(job, output_names, labels, predictions, weights, num_slots=1):
+        for i, (value, reduction, count) in enumerate(output_losses(job, output_names, labels, predictions, weights, 1)):
             if reduction == tf_keras.losses.Reduction.SUM:
                 sums += float(value)
+            elif count is not None:  # a mean over a masked output's unmasked positions: over the whole set's
+                masked.setdefault(i, [0.0, 0.0])
+                masked[i][0] += float(value) * float(count)
+                masked[i][1] += float(count)
             else:
                 means += float(value) * n
         own += float(own_losses) * n
@@ -57,10 +66,17 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
             metrics.update_state(tensors(labels), predictions, sample_weight=tensors(weights))
     if not examples:
         raise JobError(f"{data.what} is empty; give at least one example to evaluate on")
-    result = {"eval_loss": (means + own) / examples + sums}
+    result = {"eval_loss": (means + own) / examples + sums + sum(total / count for total, count in masked.values())}
     for name, value in (metrics.results() if metrics is not None else {}).items():
         result[f"eval_{name}"] = value
     return result
+
+
+def with_masks(predictions: Any, masks: list) -> None:
+    """Give each output its Keras mask (or none) again, for the losses and metrics that apply it."""
+    for output, mask in zip(tf.nest.flatten(predictions), masks, strict=True):
+        if mask is not None:
+            output._keras_mask = mask
 
 
 def is_classifier(predictions: Any, labels: Any) -> bool:

@@ -170,16 +170,6 @@ class Keras3Loss:
         return self.loss.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
 
 
-def refuse_masked_output(what: str, framework: str, y_pred: Any) -> None:
-    """Raise JobError for a Keras 3 model output that carries a mask (an `Embedding(mask_zero=True)` or
-    `Masking` upstream): Keras 3's `fit` leaves the masked positions out of the loss, pstrain does not."""
-    if framework == KERAS3 and getattr(y_pred, "_keras_mask", None) is not None:
-        raise JobError(
-            f"{what}: the Keras 3 model's output carries a mask (from Embedding(mask_zero=True) or Masking), which "
-            "Keras 3's fit applies to the loss and pstrain does not yet; use mask_zero=False and sample weights instead"
-        )
-
-
 def loss_object(framework: str, loss: Any) -> Any:
     """An object with `call(y_true, y_pred)` (per-example values) and `reduction`, for one output's
     loss (a name, a function or a `Loss` of the job's framework), as `compile` makes it."""

@@ -6,7 +6,7 @@ Sequential regression with Dropout and a job-defined Keras 3 loss, optimizer (SG
 schedule) and metrics, trained on sample weights. The refused ones each name what they lack:
 `MixedOptimizer` (a Keras 3 model with a tf_keras optimizer), `MixedLoss` (a tf_keras Loss object),
 `HalfPrecision` (mixed_float16), `MixedMetrics`, `Accumulating` (gradient accumulation),
-`WeightedMeanLoss` (a reduction by the sum of weights), `Masked` (an output with a Keras mask).
+`WeightedMeanLoss` (a reduction by the sum of weights).
 `Fit` is compiled as keras.io compiles (a loss name), for a step compared with `model.fit`.
 """
 
@@ -131,18 +131,3 @@ class Accumulating(Plain):
 
 class WeightedMeanLoss(Plain):
     loss_fn = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
-
-
-class Masked(Compiled):
-    @staticmethod
-    def model_fn() -> keras.Model:
-        ids = keras.Input((4,), dtype="int32", name="ids")
-        x = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(ids)
-        model = keras.Model(ids, keras.layers.Dense(3)(keras.layers.Dense(4)(x)))
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
-
-    @staticmethod
-    def train_data():
-        features, labels = ids_data(64, 0)
-        return features["ids"], np.repeat(labels[:, None], 4, axis=1)

@@ -4,6 +4,9 @@ Keras's weighted mean over a global batch of G examples is sum(w * l) / G (SUM_O
 the default for functions and `Loss` objects); a step averages the gradients of its N slots of
 G / N examples, so each slot's loss is its own weighted mean sum(w * l) / (G / N), and the mean over
 the slots is Keras's. With reduction SUM a slot's loss is N * sum(w * l): the mean is the global sum.
+An output that carries a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weighs each loss value
+by the mask as fit does (tf_keras and Keras 3 alike): SUM is sum(w * m * l), a mean is sum(w * m * l) / sum(m),
+divided by the unmasked positions of the whole batch, which N > 1 slots cannot know: refused there.
 A multi-output model's loss is, as in `fit`, the sum over its outputs of each output's loss (so
 reduced) times its loss weight; losses, loss weights, labels and sample weights are matched to the
 outputs as Keras's compile containers match them (a dict by output name, one item for all outputs).
@@ -18,9 +21,10 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 from tf_keras.src.engine import compile_utils
+from tf_keras.src.utils import losses_utils
 
 from chief.contract.as_written import as_written
-from chief.contract.framework import TF_KERAS, refuse_masked_output
+from chief.contract.framework import KERAS3, TF_KERAS
 from chief.contract.framework import loss_object as framework_loss_object
 from chief.contract.job import Job, JobError
 
@@ -49,10 +53,27 @@ def loss_object(loss: Any, framework: str = TF_KERAS) -> Any:
     return None if loss is None else framework_loss_object(framework, loss)
 
 
-def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, num_slots: int, name: str) -> tf.Tensor:
-    """One slot's share of the step loss from per-example (or already reduced, scalar) values."""
+def reduce_slot(
+    values: tf.Tensor,
+    reduction: str,
+    sample_weight,
+    batch: int,
+    num_slots: int,
+    name: str,
+    mask=None,
+    framework: str = TF_KERAS,
+) -> tf.Tensor:
+    """One slot's share of the step loss from per-example (or already reduced, scalar) values; a Keras
+    `mask` of the output (or None) weighs the values as the framework's `Loss.__call__` does (tf_keras's
+    `apply_valid_mask`, Keras 3's `apply_mask`): a mean is then over the unmasked positions, times the
+    mask's size over the values' (no unmasked position: NaN in tf_keras, 0 in Keras 3, as theirs)."""
     values = tf.cast(values, tf.float32)
     if values.shape.rank == 0:
+        if mask is not None:
+            raise JobError(
+                f"{name} returned a scalar for a model output that carries a Keras mask; return one loss per "
+                "timestep (as tf_keras.losses functions do) so the mask can apply"
+            )
         if sample_weight is not None:
             raise JobError(
                 f"{name} returned a scalar but train_data() gives sample weights; return one loss per example "
@@ -68,6 +89,12 @@ def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, nu
         rows = batch if batch is not None else tf.shape(values)[0]  # a batch of unknown static size: its own
         weight = tf.reshape(sample_weight, tf.stack([rows] + [1] * (values.shape.rank - 1)))
         values = values * tf.cast(weight, tf.float32)
+    if mask is not None:
+        values, _, mask = losses_utils.squeeze_or_expand_dimensions(values, None, tf.cast(mask, tf.float32))
+        if reduction != tf_keras.losses.Reduction.SUM:
+            total, valid = tf.cast(tf.size(mask), tf.float32), tf.reduce_sum(mask)
+            mask = mask * (tf.math.divide_no_nan(total, valid) if framework == KERAS3 else total / valid)
+        values = values * mask
     total = tf.reduce_sum(values)
     if reduction == tf_keras.losses.Reduction.SUM:
         return total * num_slots
@@ -78,8 +105,9 @@ def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, nu
 def output_losses(
     job: Job, output_names: Sequence[str] | None, labels: Any, predictions: Any, sample_weight: Any, num_slots: int
 ) -> list[tuple[tf.Tensor, str]]:
-    """Per output with a loss: the slot's share of it (float32 scalar, times its loss weight) and its
-    reduction, for the job's loss (one, or a list or dict per output) and loss weights."""
+    """Per output with a loss: the slot's share of it (float32 scalar, times its loss weight), its
+    reduction, and for a mean over a masked output the unmasked positions it divides by (else None),
+    for the job's loss (one, or a list or dict per output) and loss weights."""
     what = job.loss_name
     try:
         labels = conform(labels, predictions, output_names)
@@ -102,7 +130,7 @@ def output_losses(
         loss = loss_object(losses[i], job.framework)
         if y_true is None or loss is None:  # an output without a loss (Keras allows it)
             continue
-        refuse_masked_output(what, job.framework, y_pred)
+        mask = getattr(y_pred, "_keras_mask", None)  # both Kerases' mask on the TF backend; a cast drops it
         y_pred = tf.convert_to_tensor(y_pred)
         if y_pred.dtype.is_floating and y_pred.dtype != tf.float32:
             y_pred = tf.cast(y_pred, tf.float32)  # mixed precision: the loss in float32, as Keras advises
@@ -121,10 +149,18 @@ def output_losses(
                 f"{name} failed on labels of shape {list(y_true.shape)} and model output of shape {list(y_pred.shape)} "
                 f"({message}); make the labels match the model's output"
             ) from None
-        value = reduce_slot(values, loss.reduction, weight, y_pred.shape[0], num_slots, name)
+        is_sum = loss.reduction == tf_keras.losses.Reduction.SUM
+        if mask is not None and not is_sum and num_slots > 1:
+            raise JobError(
+                f"{name}: the model's output carries a Keras mask (Embedding(mask_zero=True) or Masking), and fit's mean "
+                f"loss divides by the unmasked positions of the whole batch, which {num_slots} replica slots cannot split "
+                "exactly; use a loss with reduction=SUM, or --replicas-to-aggregate 1"
+            )
+        value = reduce_slot(values, loss.reduction, weight, y_pred.shape[0], num_slots, name, mask, job.framework)
         if loss_weights[i] is not None:
             value = value * float(loss_weights[i])
-        results.append((value, loss.reduction))
+        count = None if mask is None or is_sum else tf.reduce_sum(tf.cast(mask, tf.float32))
+        results.append((value, loss.reduction, count))
     if not results:
         raise JobError(
             f"{what}: no output has a loss; give a loss for at least one of {_output_names(predictions, output_names)}"
@@ -136,7 +172,7 @@ def slot_loss(
     job: Job, output_names: Sequence[str] | None, labels: Any, predictions: Any, sample_weight: Any, num_slots: int
 ) -> tf.Tensor:
     """The slot's loss (float32 scalar): Keras's weighted sum over the outputs of their losses."""
-    return tf.add_n([value for value, _ in output_losses(job, output_names, labels, predictions, sample_weight, num_slots)])
+    return tf.add_n([value for value, _, _ in output_losses(job, output_names, labels, predictions, sample_weight, num_slots)])
 
 
 def _output_names(predictions: Any, output_names: Sequence[str] | None) -> list[str]:

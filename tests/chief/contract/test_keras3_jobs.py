@@ -16,7 +16,7 @@ from chief.state.model_state import create_optimizer_slots, trainable_of
 from tests.jobs import keras3
 from worker.ps.clipping import apply_clipped
 from worker.replica.randomness import stateless_random
-from worker.replica.replica import Replica, replica_step, run_unwrapped
+from worker.replica.replica import Replica, replica_step
 
 pytestmark = pytest.mark.pure
 
@@ -72,16 +72,6 @@ def test_compiled_names_are_resolved_and_metrics_fresh():
     (first, _), (second, _) = job.compiled_metrics(), job.compiled_metrics()
     assert first == second == ["accuracy"]
     assert type(job.optimizer_fn()) is keras.optimizers.Adam
-
-
-def test_a_masked_output_is_refused_when_the_step_is_traced():
-    """Keras 3's fit would leave masked positions out of the loss: refused, not trained differently."""
-    job = load_job("tests.jobs.keras3:Masked")
-    model, (x, y) = job.model_fn(), keras3.Masked.train_data()
-    replica = Replica(job, model, job.optimizer_fn(), (), seed=0, num_slots=1)
-    step = tf.function(lambda d: replica_step(replica, d, tf.constant(0, tf.int64), 0)[0], autograph=False)
-    with pytest.raises(JobError, match=r"^model_fn's compile\(loss=...\): the Keras 3 model's output carries a mask"):
-        run_unwrapped(step, (x[:8], y[:8]))
 
 
 REFUSED = [
