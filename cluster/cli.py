@@ -18,9 +18,9 @@ from cluster import __version__
 from cluster.config import Config, check_job_module, every_flag, load_toml, parse_address, resolve, with_train
 from cluster.control.security import Credentials, load_token
 from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
-from cluster.rundir import default_run_dir
+from cluster.rundir import RunDir, default_run_dir
 from cluster.slurm import PORT_BASE
-from cluster.taskenv import DEFAULT_CONTROL_PORT, Switches
+from cluster.taskenv import DEFAULT_CONTROL_PORT, Switches, TaskEnv
 from cluster.tfconfig import forget_tf_config, named_task_type, tf_config_text
 
 TRAIN_FLAGS = (
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plot":
             from chief.plots import render
 
-            print("\n".join(f"pstrain: wrote {p}" for p in render(Path(args.run_dir))))
+            print("\n".join(f"pstrain: wrote {p}" for p in render(RunDir(args.run_dir))))
             return 0
         if args.command == "task":
             from cluster.launch.pod import run_task
@@ -303,7 +303,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     forget_tf_config()
     from chief.sidecar import follow
 
-    return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
+    return follow(RunDir(args.run_dir), timeout_s=args.timeout, poll_s=args.poll)
 
 
 def run_standalone(config: Config) -> int:
@@ -316,14 +316,15 @@ def run_standalone(config: Config) -> int:
     from cluster.runlock import RunDirLock
     from cluster.stop import StopTrap
 
-    run_dir = Path(config.train.run_dir)
+    run_dir = RunDir(config.train.run_dir)  # the run's one layout, passed down from here
     check_writable(run_dir)
     with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
-        with writing(run_dir):
-            rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
+        with writing(run_dir.path):
+            rundir.prepare(run_dir.path, rundir.describe("standalone", config.train, None), config.train)
         from chief.trainer import main_guarded
 
-        return main_guarded(rundir.RunDir(run_dir), config.train, standalone=True, stop=stop)
+        task_env, switches = TaskEnv.from_env(), Switches.from_env()
+        return main_guarded(run_dir, config.train, True, task_env, switches, stop=stop)
 
 
 if __name__ == "__main__":

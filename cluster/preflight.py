@@ -49,15 +49,14 @@ def newest_checkpoint_bytes(checkpoints: Path) -> int:
     return sum(p.stat().st_size for p in checkpoints.glob(prefix + ".*"))
 
 
-def run_dir_paths(run_dir: Path) -> list[Path]:
+def run_dir_paths(layout: RunDir) -> list[Path]:
     """What a run writes: the run dir, its checkpoints/ and logs/, and the export path (saved_model)."""
-    layout = RunDir(run_dir)
     return [layout.path, layout.checkpoints, layout.logs, layout.saved_model]
 
 
-def check_writable(run_dir: Path) -> None:
+def check_writable(run_dir: RunDir) -> None:
     """Refuse (ConfigError, one line) a run dir where a run could not write or has no room."""
-    need = max(MIN_FREE_BYTES, newest_checkpoint_bytes(RunDir(run_dir).checkpoints))
+    need = max(MIN_FREE_BYTES, newest_checkpoint_bytes(run_dir.checkpoints))
     for path in dict.fromkeys(existing(p) for p in run_dir_paths(run_dir)):
         if not path.is_dir():
             continue  # a file where a directory goes: the write itself will say so

@@ -74,8 +74,9 @@ class RunDirLock:
     """`with RunDirLock(run_dir, "pstrain launch") as lock:` ... the run ... ; raises ConfigError
     (exit 2) naming the holder when another live run holds `run_dir`, having written nothing there."""
 
-    def __init__(self, run_dir: Path, command: str, say=print):
-        self.run_dir, self.path, self.say = run_dir, RunDir(run_dir).lock, say
+    def __init__(self, run_dir: RunDir, command: str, say=print):
+        """`run_dir`: the run's layout; `lock.run_dir` is its path, `lock.layout` the layout itself."""
+        self.layout, self.run_dir, self.path, self.say = run_dir, run_dir.path, run_dir.lock, say
         me = psutil.Process()
         self.holder = Holder(socket.gethostname(), me.pid, me.create_time(), command)
         self._fd: int | None = None

@@ -11,6 +11,7 @@ import psutil
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts, gpus
 from cluster.task_setup import cluster_spec
+from cluster.taskenv import gpu_visibility
 from cluster.tfconfig import tf_config_text
 
 ANY_GPU = 1 << 20  # resolve explicit worker_gpus as given; the doctor itself says which index is missing
@@ -27,7 +28,7 @@ def machine_checks(config_file: str | None) -> list[checks.Check]:
         config_found, probes = [checks.Check("FAIL", "config", str(e), "fix the config file")], {}
     # The build info comes from a worker's probe where one ran, else from a probe of its own.
     any_probe = next(iter(probes.values()), None)
-    build = (any_probe if any_probe and any_probe.build else facts.probe(os.environ.get("CUDA_VISIBLE_DEVICES"), False)).build
+    build = (any_probe if any_probe and any_probe.build else facts.probe(gpu_visibility(), False)).build
     out = checks.tensorflow_wheel(dists, build, smi)
     out += checks.cuda_libraries(requirements, dists, build, smi)
     out += checks.driver(smi, checks.cuda_major(build, requirements))

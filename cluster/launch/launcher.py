@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from cluster import rundir
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
@@ -68,11 +67,11 @@ def assignment_for(cluster: ClusterConfig, registry: Registry):
     return assign
 
 
-def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str:
+def token_hint(cluster: ClusterConfig, run_dir: rundir.RunDir, creds: Credentials) -> str:
     """Where `pstrain status` finds the token; a generated token is written to RUN_DIR/control.token."""
     if cluster.token_file or token_in_env():
         return cluster.token_file
-    path = rundir.RunDir(run_dir).control_token
+    path = run_dir.control_token
     rundir.write_secret(path, creds.token)
     return str(path)
 
@@ -87,9 +86,10 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
-    check_writable(Path(train.run_dir))  # before any task starts
+    layout = rundir.RunDir(train.run_dir)  # the run's one layout, passed down from here
+    check_writable(layout)  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
-    with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
+    with StopTrap() as stop, RunDirLock(layout, "pstrain launch") as lock:  # before anything is written there
         return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop)
 
 
@@ -110,8 +110,8 @@ def launch_locked(
     with writing(run_dir):
         rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
         lock.set_control(cluster.control)
-        hint = token_hint(cluster, run_dir, creds)
-    supervisor = supervisor or Supervisor(rundir.RunDir(run_dir).logs)
+        hint = token_hint(cluster, lock.layout, creds)
+    supervisor = supervisor or Supervisor(lock.layout.logs)
     registry = Registry(
         expected_tasks(cluster),
         local_versions(),
@@ -131,7 +131,7 @@ def launch_locked(
         servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
         # The chief starts with the servers: it imports TensorFlow and loads the job while they
         # start, and connects once the ready file says every one of them registered.
-        ready = rundir.RunDir(run_dir).logs / f"cluster-ready-{os.getpid()}"
+        ready = lock.layout.logs / f"cluster-ready-{os.getpid()}"
         ready.unlink(missing_ok=True)
         chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
         chief_argv = python_module("chief", "--run-dir", str(run_dir))
