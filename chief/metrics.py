@@ -66,6 +66,10 @@ def learning_rate_fn(optimizer: Any) -> Callable[[int], float | None]:
     rate is read once (on a cluster it is a variable on a ps); None where the optimizer has none."""
     import tf_keras
 
+    from chief.contract.framework import learning_rate_schedule
+
+    if (scheduled := learning_rate_schedule(optimizer)) is not None:  # Keras 3
+        return scheduled
     hyper = getattr(optimizer, "_hyper", {}).get("learning_rate")  # tf_keras.optimizers.legacy.*
     if hyper is None:
         hyper = getattr(optimizer, "learning_rate", None)

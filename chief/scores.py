@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.framework import EvalMetrics
 from chief.contract.job import Job, JobError
 from chief.data.eval_set import EvalSet
 
@@ -27,7 +28,7 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
     output_names = getattr(model, "output_names", None)
     metrics = metric_container(job, output_names)
-    means, sums, examples, correct, classifier, updated = 0.0, 0.0, 0, 0, metrics is None, False
+    means, sums, examples, correct, classifier = 0.0, 0.0, 0, 0, metrics is None
     for part in data.batches(batch):
         features, labels = part[0], part[1]
         weights = part[2] if len(part) > 2 else None
@@ -44,7 +45,6 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
                 None if x is None else tf.nest.map_structure(tf.convert_to_tensor, x) for x in (labels, weights)
             )
             metrics.update_state(labels_t, predictions, sample_weight=weights_t)
-            updated = True
         if classifier and tf.is_tensor(predictions) and predictions.shape.rank == 2 and np.asarray(labels).dtype.kind in "iu":
             correct += int(np.sum(np.argmax(predictions, axis=1) == np.asarray(labels).reshape(-1)))
         else:
@@ -54,8 +54,8 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
     result = {"eval_loss": means / examples + sums}
     if model.losses:
         result["eval_loss"] += float(tf.add_n([tf.cast(x, tf.float32) for x in model.losses]))
-    for metric in metrics.metrics if updated else []:
-        result[f"eval_{metric.name}"] = float(metric.result())
+    for name, value in (metrics.results() if metrics is not None else {}).items():
+        result[f"eval_{name}"] = value
     if classifier:
         result["eval_accuracy"] = correct / examples
     return result
@@ -66,16 +66,14 @@ def tensors(nest: Any) -> Any:
     return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
-def metric_container(job: Job, output_names):
+def metric_container(job: Job, output_names) -> EvalMetrics | None:
     """Fresh metrics for one evaluation, matched to the outputs as `compile` matches them: the job's
     `metrics_fn()` (weighted by the sample weights, as before), or compile's metrics and weighted_metrics.
     None when the job has none."""
-    from tf_keras.src.engine import compile_utils
-
     if job.metrics_fn:
-        return compile_utils.MetricsContainer(None, list(job.metrics_fn()), output_names=output_names)
+        return EvalMetrics(job.framework, None, list(job.metrics_fn()), output_names)
     if job.compiled_metrics:
         metrics, weighted = job.compiled_metrics()
         if metrics or weighted:
-            return compile_utils.MetricsContainer(metrics, weighted, output_names=output_names)
+            return EvalMetrics(job.framework, metrics, weighted, output_names)
     return None

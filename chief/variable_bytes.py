@@ -25,6 +25,7 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
     import tensorflow as tf
 
     from chief.contract.job import load_job
+    from chief.state.model_state import trainable_of
 
     job = load_job(spec)
     features = sample_features(job, max(1, examples_per_worker))
@@ -32,7 +33,7 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
     with tf.GradientTape() as tape:
         outputs = model(features, training=True)
         total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in tf.nest.flatten(outputs)])
-    variables = model.trainable_variables
+    variables = trainable_of(model)  # tf.Variables, a Keras 3 model's too
     gradients = tape.gradient(total, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return [describe(v, g) for v, g in zip(variables, gradients, strict=True)]
 

@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 # Before grpc loads: the launcher forks tasks while its control-plane threads run. gRPC's fork
@@ -15,8 +16,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cluster import __version__
-from cluster.config import Config, check_job_module, every_flag, load_toml, parse_address, resolve, with_train
+from cluster.config import Config, check_job_module, every_flag, load_toml, resolve, with_train
 from cluster.control.security import Credentials, load_token
+from cluster.doors import check_control_target
 from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
 from cluster.rundir import RunDir, default_run_dir
 from cluster.slurm import PORT_BASE
@@ -41,11 +43,16 @@ TRAIN_FLAGS = (
 )
 
 
+CHIEF_HELP = "the chief's control plane: HOST:PORT, or unix:PATH (a local cluster's; the launch prints it)"
+ALLOW_HELP = "run even where the TF ports cannot be closed to outsiders (recorded in cluster.json; README: Security)"
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="cluster config (TOML); flags override it")
     parser.add_argument("--workers", type=int, help="number of workers on --host (free ports)")
     parser.add_argument("--ps", type=int, help="number of ps tasks on --host (free ports)")
     parser.add_argument("--host", help="address for tasks given by count (default 127.0.0.1)")
+    parser.add_argument("--allow-open-ports", action="store_true", default=None, help=ALLOW_HELP)
     for flag, kind, text in TRAIN_FLAGS:
         parser.add_argument(flag, type=kind, help=text)
 
@@ -73,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the chief to answer")
     node.add_argument("--slurm", action="store_true", help="this node's tasks from SLURM_* (one per node under srun)")
     node.add_argument("--port-base", type=int, default=PORT_BASE, help="with --slurm: chief port; control +1, tasks above")
+    node.add_argument("--allow-open-ports", action="store_true", help=ALLOW_HELP)
     add_control_flags(node)
     add_deploy_commands(sub)
     from cluster.forecast.command import add_plan_parser
@@ -87,15 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", "checkpoint and stop the cluster"),
     ):
         command = sub.add_parser(name, help=text)
-        command.add_argument("--chief", required=True, help="HOST:PORT of the chief's control plane")
+        command.add_argument("--chief", required=True, help=CHIEF_HELP)
         add_control_flags(command)
         if name == "status":
             command.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("plot", help="write PNGs of a run to RUN_DIR/plots/").add_argument("run_dir", metavar="RUN_DIR")
     doctor = sub.add_parser("doctor", help="check this machine (GPUs, drivers, ports, hosts) and a running cluster")
     doctor.add_argument("--config", help="the cluster config to check against (default: the defaults)")
-    doctor.add_argument("--chief", help="HOST:PORT of a running chief's control plane: versions, clock, round trip")
+    doctor.add_argument("--chief", help=CHIEF_HELP + ": versions, clock, round trip")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--run-dir", default="", help="a running run's dir: every port it listens on, and who reaches it")
     add_control_flags(doctor)
     return parser
 
@@ -115,6 +124,7 @@ def add_deploy_commands(sub) -> None:
     tfjob.add_argument("--run-dir-claim", default="", help="PersistentVolumeClaim for the chief's run dir (default NAME-runs)")
     tfjob.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT, help="the control plane's container port")
     tfjob.add_argument("--worker-gpus", dest="gpus_per_pod", type=int, default=1, help="nvidia.com/gpu per worker pod (0: CPU)")
+    tfjob.add_argument("--status-from", default="", help="KEY=VALUE: pods with this label may reach the control port too")
     slurm = kinds.add_parser("slurm", help="an sbatch script: one pstrain node --slurm per node")
     slurm.add_argument("--nodes", type=int, default=0, help="nodes (default: workers / GPUs per node)")
     slurm.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (0: CPU)")
@@ -137,7 +147,14 @@ def run_render(args: argparse.Namespace) -> int:
         from cluster.render.tfjob import TFJobOptions, render_tfjob, to_yaml
 
         options = TFJobOptions(
-            args.image, args.name, args.namespace, args.token_secret, args.run_dir_claim, args.control_port, args.gpus_per_pod
+            args.image,
+            args.name,
+            args.namespace,
+            args.token_secret,
+            args.run_dir_claim,
+            args.control_port,
+            args.gpus_per_pod,
+            args.status_from,
         )
         text = to_yaml(render_tfjob(config, options))
     else:
@@ -172,7 +189,7 @@ def control_call(args: argparse.Namespace) -> int:
     from cluster.control.service import RPC_TIMEOUT_S, status_dict, stub
     from cluster.control.status_table import format_status
 
-    parse_address("--chief", args.chief)
+    check_control_target("--chief", args.chief)
     control = stub(args.chief, control_credentials(args))
     try:
         if args.command == "stop":
@@ -200,13 +217,15 @@ def run_node_command(args: argparse.Namespace) -> int:
     config = resolve(load_toml(args.config)) if args.config else None
     creds = control_credentials(args, config.cluster if config else None)
     cluster, tasks = node_cluster(config.cluster if config else None, args.chief, creds, args.timeout)
+    if args.allow_open_ports:
+        cluster = replace(cluster, allow_open_ports=True)
     log_dir = Path(args.log_dir or f"runs/node-{time.strftime('%Y%m%d-%H%M%S')}/logs")
     return run_node(cluster, tasks, node_env(config, cluster, creds), log_dir)
 
 
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
     raw = load_toml(args.config) if args.config else {}
-    overrides = {"workers": args.workers, "ps": args.ps, "host": args.host}
+    overrides = {"workers": args.workers, "ps": args.ps, "host": args.host, "allow_open_ports": args.allow_open_ports}
     for name in ("engine", "ray_address", "spread_workers"):  # `pstrain launch` only
         overrides[name] = getattr(args, name, None)
     for flag, _, _ in TRAIN_FLAGS:
@@ -244,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from cluster.doctor.run import doctor
 
-            return doctor(args.config, args.chief, control_credentials(args) if args.chief else None, args.json)
+            run_dir = RunDir(args.run_dir) if args.run_dir else None
+            return doctor(args.config, args.chief, control_credentials(args) if args.chief else None, args.json, run_dir)
         if args.command == "plot":
             from chief.plots import render
 

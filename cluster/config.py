@@ -48,6 +48,7 @@ class ClusterConfig:
     engine: str = "local"  # who places the tasks: "local" (pstrain launch/node) or "ray" (docs/ray.md)
     ray_address: str = ""  # engine "ray": "" starts a local Ray on 127.0.0.1; "auto" or HOST:PORT joins one
     spread_workers: bool = False  # engine "ray": every worker on a node of its own (STRICT_SPREAD)
+    allow_open_ports: bool = False  # run even where the TF ports cannot be closed (cluster/doors.py)
 
 
 @dataclass(frozen=True)
@@ -227,10 +228,17 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         worker_gpu_memory_mb=_int("cluster.worker_gpu_memory_mb", raw.get("worker_gpu_memory_mb", 0), 0),
         **_engine(raw),
         restart_window=_seconds("cluster.restart_window", raw.get("restart_window", defaults.restart_window)),
+        allow_open_ports=_bool("cluster.allow_open_ports", raw.get("allow_open_ports", False)),
         **strings,
     )
     check_unique_addresses(cluster)
     return cluster
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    return value
 
 
 def _engine(raw: dict[str, Any]) -> dict[str, Any]:
@@ -243,9 +251,7 @@ def _engine(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f'cluster.ray_address: expected "auto" or "HOST:PORT", got {address!r}')
     if address not in ("", AUTO):
         parse_address("cluster.ray_address", address)
-    spread = raw.get("spread_workers", False)
-    if not isinstance(spread, bool):
-        raise ConfigError(f"cluster.spread_workers: expected true or false, got {spread!r}")
+    spread = _bool("cluster.spread_workers", raw.get("spread_workers", False))
     if engine != "ray" and (address or spread):
         name = "ray_address" if address else "spread_workers"
         raise ConfigError(f'cluster.{name}: applies to engine = "ray" only; set engine = "ray" or remove it')

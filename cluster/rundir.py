@@ -167,6 +167,7 @@ def describe(mode: str, train: TrainConfig, cluster: ClusterConfig | None) -> di
         "cluster": cluster_spec(cluster) if cluster else None,
         "control": cluster.control if cluster else None,
         "worker_gpus": list(cluster.worker_gpus) if cluster else None,
+        "allow_open_ports": cluster.allow_open_ports if cluster else None,  # TF ports open where not closable
         "train": asdict(train),
     }
 

@@ -63,6 +63,18 @@ def refusal(run_dir: Path, holder: Holder) -> str:
     return f"{run_dir} is in use by {holder.describe()}; stop it ({how}) or use another --run-dir"
 
 
+def read_holder(run_dir: RunDir) -> Holder | None:
+    """The live run holding `run_dir` from this machine, or None (no holder, or one that is gone)."""
+    try:
+        holder = Holder.parse(run_dir.lock.read_text())
+    except OSError:
+        return None
+    here = socket.gethostname()
+    if holder is None or holder.host != here or is_stale(holder, here, process_start(holder.pid)):
+        return None
+    return holder
+
+
 def process_start(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()

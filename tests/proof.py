@@ -1,7 +1,7 @@
 """The tests the docs cite as proof of what cannot be checked in one process on one machine: two machines,
-Ray, Kubernetes, Slurm, a memory cgroup and a full disk. A skip of one of these, a module that skips as it
-is imported included, is never silent in CI (tests/conftest.py); every test the docs cite that can skip is
-here (tests/test_proof_skips.py)."""
+closed ports, Ray, Kubernetes, Slurm, a memory cgroup and a full disk. A skip of one of these, a module that
+skips as it is imported included, is never silent in CI (tests/conftest.py); every test the docs cite that can
+skip is here (tests/test_proof_skips.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 PROOF = (
     "tests/system/test_two_machines.py",  # docs/two-machines.md
+    "tests/system/test_doors_two_machines.py",  # README Security, docs/two-machines.md: outsiders refused, rules removed
+    "tests/cluster/launch/test_private_network.py",  # README Security: a local cluster's private network namespace
     "tests/system/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
     # docs/embeddings.md: a ps that cannot reach the checkpoint directory
     "tests/system/test_unshared_checkpoints.py::test_a_ps_without_the_run_dir_checkpoints_through_the_chief_and_ends_as_standalone",

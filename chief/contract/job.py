@@ -20,7 +20,7 @@ OPTIONAL = ("eval_dataset", "eval_arrays", "eval_data", "metrics_fn", "loss_weig
 class Job:
     spec: str
     model_fn: Callable[[], Any]
-    loss_fn: Any  # a function (scalar or per-example losses), a tf_keras Loss, a loss name, or a list/dict of those per output
+    loss_fn: Any  # a function (scalar or per-example losses), a Loss, a loss name, or a list/dict of those per output
     optimizer_fn: Callable[[], Any]  # a fresh optimizer per call
     train_data: Callable[[], tuple] | None  # (features, labels[, sample_weights]) arrays or nests of arrays
     eval_data: Callable[[], tuple] | None
@@ -34,6 +34,7 @@ class Job:
     compiled_metrics: Callable[[], tuple[Any, Any]] | None = None  # fresh (metrics, weighted_metrics) from compile
     class_weight: dict[int, float] | None = None  # {label: weight}, as fit's class_weight (worker/replica/class_weights.py)
     callbacks_fn: Callable[[], list] | None = None  # fresh tf_keras callbacks, run on the chief (chief/callbacks.py)
+    framework: str = "tf_keras"  # the job's Keras: "tf_keras" or "keras3" (chief/contract/framework.py)
 
     @property
     def name(self) -> str:
@@ -55,7 +56,7 @@ def load_job(spec: str) -> Job:
         except AttributeError:
             raise JobError(f"--job {spec}: {module_name} has no attribute {attr!r}") from None
     if not callable(getattr(target, "model_fn", None)):
-        raise JobError(f"--job {spec}: missing model_fn; a job defines model_fn() returning a tf_keras model")
+        raise JobError(f"--job {spec}: missing model_fn; a job defines model_fn() returning a Keras model (tf_keras or Keras 3)")
     sources = [name for name in TRAIN_SOURCES if callable(getattr(target, name, None))]
     if len(sources) != 1:
         missing = " or ".join(TRAIN_SOURCES) if not sources else f"only one of {', '.join(sources)}"

@@ -15,9 +15,21 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from chief.contract.framework import (
+    KERAS3,
+    NAMES,
+    TF_KERAS,
+    check_keras3_loss,
+    clone_metrics,
+    compiled_parts,
+    framework_of_parts,
+    get_loss,
+    is_optimizer,
+    refuse_keras3_features,
+)
 from cluster.errors import JobError
 
-LOSS_FORMS = "a function, a tf_keras.losses.Loss, a loss name, or a list/dict of those per output"
+LOSS_FORMS = "a function, a tf_keras.losses.Loss or keras.losses.Loss, a loss name, or a list/dict of those per output"
 
 
 def _found(value: Any) -> str:
@@ -32,21 +44,20 @@ def _leaves(value: Any) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
-def check_loss(what: str, loss: Any) -> None:
-    """Raise JobError unless `loss` is a form pstrain (and compile) takes."""
-    import tf_keras
-
+def check_loss(what: str, loss: Any, framework: str = TF_KERAS) -> None:
+    """Raise JobError unless `loss` is a form pstrain (and the framework's compile) takes."""
     leaves = _leaves(loss)
     for leaf in leaves:
         if leaf is None and len(leaves) > 1:
             continue  # no loss for that output
         if isinstance(leaf, str):
             try:
-                tf_keras.losses.get(leaf)
+                get_loss(framework, leaf)
             except ValueError:
                 raise JobError(f"{what}: unknown loss name {leaf!r}; give {LOSS_FORMS}") from None
         elif not callable(leaf):
             raise JobError(f"{what}: found {_found(leaf)}; give {LOSS_FORMS}")
+        check_keras3_loss(what, leaf)
 
 
 def check_loss_weights(what: str, weights: Any) -> None:
@@ -64,16 +75,12 @@ def fresh_optimizer_fn(optimizer: Any) -> Callable[[], Any]:
     return lambda: cls.from_config(copy.deepcopy(config))
 
 
-def checked_optimizer_fn(spec: str, optimizer_fn: Callable[[], Any]) -> Callable[[], Any]:
-    """`optimizer_fn`, after checking (once) that it returns a tf_keras optimizer."""
-    import tf_keras
-
-    optimizer = optimizer_fn()
-    if not isinstance(optimizer, tf_keras.optimizers.Optimizer | tf_keras.optimizers.legacy.Optimizer):
-        raise JobError(
-            f"--job {spec}: optimizer_fn() returned {_found(optimizer)}; return a tf_keras optimizer "
-            "(tf_keras.optimizers.* or tf_keras.optimizers.legacy.*)"
-        )
+def checked_optimizer_fn(spec: str, optimizer_fn: Callable[[], Any], optimizer: Any, framework: str) -> Callable[[], Any]:
+    """`optimizer_fn`, after checking that `optimizer` (one it returned) is an optimizer of the framework."""
+    if not is_optimizer(framework, optimizer):
+        forms = "keras.optimizers.*" if framework == KERAS3 else "tf_keras.optimizers.* or tf_keras.optimizers.legacy.*"
+        returned = _found(optimizer)
+        raise JobError(f"--job {spec}: optimizer_fn() returned {returned}; return a {NAMES[framework]} optimizer ({forms})")
     if optimizer_fn() is optimizer:  # the training state, the checkpoint mirror and each check need their own
         raise JobError(f"--job {spec}: optimizer_fn() returns the same optimizer at each call; create a new one in it")
     return optimizer_fn
@@ -92,15 +99,21 @@ def built_model(model_fn: Callable[[], Any]) -> Any:
         return model_fn()
 
 
-def refuse_custom_steps(spec: str, model: Any) -> None:
+def refuse_custom_steps(spec: str, model: Any, framework: str) -> None:
     """Raise JobError if the model's class overrides one of Keras's `STEP_METHODS`: pstrain would
     train and evaluate without it, a model other than the one the job describes."""
-    import tf_keras
+    if framework == KERAS3:
+        import keras
 
-    if not isinstance(model, tf_keras.Model):
+        base = keras.Model
+    else:
+        import tf_keras
+
+        base = tf_keras.Model
+    if not isinstance(model, base):
         return
     cls = type(model)
-    found = [name for name in STEP_METHODS if getattr(cls, name, None) is not getattr(tf_keras.Model, name)]
+    found = [name for name in STEP_METHODS if getattr(cls, name, None) is not getattr(base, name)]
     if found:
         raise JobError(
             f"--job {spec}: model_fn()'s {cls.__name__} overrides {' and '.join(found)}, which pstrain does not run "
@@ -110,36 +123,48 @@ def refuse_custom_steps(spec: str, model: Any) -> None:
 
 
 def job_parts(spec: str, target: Any) -> dict[str, Any]:
-    """loss_fn, loss_weights, loss_name, optimizer_fn, metrics_fn and compiled_metrics for a Job."""
-    from tf_keras.src.metrics import clone_metrics
-
+    """loss_fn, loss_weights, loss_name, optimizer_fn, metrics_fn, compiled_metrics and framework for a Job."""
     loss_fn, optimizer_fn = getattr(target, "loss_fn", None), getattr(target, "optimizer_fn", None)
     metrics_fn, loss_weights = getattr(target, "metrics_fn", None), getattr(target, "loss_weights", None)
     for name, value, returns in (("optimizer_fn", optimizer_fn, "optimizer"), ("metrics_fn", metrics_fn, "list of metrics")):
         if value is not None and not callable(value):
             raise JobError(f"--job {spec}: {name}: found {_found(value)}; define a function returning a fresh {returns}")
     model = built_model(target.model_fn)
-    refuse_custom_steps(spec, model)
-    compiled = model if getattr(model, "_is_compiled", False) else None
+    compiled = compiled_parts(model)
     parts: dict[str, Any] = {"loss_name": "loss_fn", "compiled_metrics": None, "metrics_fn": metrics_fn}
-    if loss_fn is None and compiled is not None and compiled.compiled_loss is not None:
-        loss_fn = compiled.compiled_loss._user_losses
+    if loss_fn is None and compiled is not None and compiled["loss"] is not None:
+        loss_fn = compiled["loss"]
         parts["loss_name"] = "model_fn's compile(loss=...)"
         if loss_weights is None:
-            loss_weights = compiled.compiled_loss._user_loss_weights
-    if optimizer_fn is None and compiled is not None:
-        optimizer_fn = fresh_optimizer_fn(compiled.optimizer)
+            loss_weights = compiled["loss_weights"]
+    if optimizer_fn is None and compiled is not None and compiled["optimizer"] is not None:
+        optimizer_fn = fresh_optimizer_fn(compiled["optimizer"])
     missing = [name for name, value in (("loss_fn", loss_fn), ("optimizer_fn", optimizer_fn)) if value is None]
     if missing:
         raise JobError(
             f"--job {spec}: missing {' and '.join(missing)}; define {', '.join(missing)} in the job, or compile the "
             "model returned by model_fn() (model.compile(optimizer=..., loss=...))"
         )
-    check_loss(f"--job {spec}: {parts['loss_name']}", loss_fn)
+    optimizer = optimizer_fn()
+    uses: dict[str, Any] = {"optimizer_fn()'s optimizer": optimizer, parts["loss_name"]: loss_fn}
+    if metrics_fn is not None:
+        uses["metrics_fn()'s metrics"] = metrics_fn()
+    elif compiled is not None:
+        uses["compile(metrics=...)"] = [compiled["metrics"], compiled["weighted_metrics"]]
+    framework = framework_of_parts(spec, model, uses)
+    refuse_custom_steps(spec, model, framework)
+    if framework == KERAS3:
+        refuse_keras3_features(spec, model, optimizer)
+    check_loss(f"--job {spec}: {parts['loss_name']}", loss_fn, framework)
     if loss_weights is not None:
         check_loss_weights(f"--job {spec}: loss_weights", loss_weights)
-    if metrics_fn is None and compiled is not None and compiled.compiled_metrics is not None:
-        metrics = compiled.compiled_metrics._user_metrics
-        weighted = compiled.compiled_metrics._user_weighted_metrics
-        parts["compiled_metrics"] = lambda: (clone_metrics(metrics), clone_metrics(weighted))
-    return {**parts, "loss_fn": loss_fn, "loss_weights": loss_weights, "optimizer_fn": checked_optimizer_fn(spec, optimizer_fn)}
+    if metrics_fn is None and compiled is not None and (compiled["metrics"] or compiled["weighted_metrics"]):
+        metrics, weighted = compiled["metrics"], compiled["weighted_metrics"]
+        parts["compiled_metrics"] = lambda: (clone_metrics(framework, metrics), clone_metrics(framework, weighted))
+    return {
+        **parts,
+        "loss_fn": loss_fn,
+        "loss_weights": loss_weights,
+        "optimizer_fn": checked_optimizer_fn(spec, optimizer_fn, optimizer, framework),
+        "framework": framework,
+    }

@@ -27,6 +27,7 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.checkpoint import checkpoint_management
 
+from chief.contract.framework import seed_states
 from chief.state.model_state import ModelState, finalize_layers, variables_of
 from cluster.errors import TrainingError, writing
 
@@ -102,8 +103,9 @@ def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     """Everything a checkpoint holds, in an order both copies share. A new-style optimizer lists the
     slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
     optimizer = state.optimizer.variables
-    optimizer = [shard for v in (optimizer() if callable(optimizer) else optimizer) for shard in getattr(v, "variables", [v])]
-    return [*variables_of(state.model.weights), *optimizer, state.global_step]
+    optimizer = variables_of(optimizer() if callable(optimizer) else optimizer)
+    optimizer = [shard for v in optimizer for shard in getattr(v, "variables", [v])]
+    return [*variables_of(state.model.weights), *seed_states(state.model), *optimizer, state.global_step]
 
 
 class Checkpoints:

@@ -39,6 +39,7 @@ import tf_keras
 from tf_keras.src.initializers import initializers as keras_initializers
 
 from chief.contract.arrays import batches_of
+from chief.contract.framework import seed_keras3
 from chief.contract.job import JobError
 from chief.state.unfilled import unfilled, variable_bytes
 
@@ -201,6 +202,7 @@ def seeded_build(job_model_fn, seed: int, sample) -> tf_keras.Model:
     """The job's model with all its variables, built right after seeding: the draws of its
     initializers are the same in every topology."""
     tf_keras.utils.set_random_seed(seed)
+    seed_keras3(seed)  # a Keras 3 job's global SeedGenerator too
     model = job_model_fn()
     build_layers(model, sample)
     return model

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.framework import tf_variable
 from chief.contract.job import Job
 from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build
 from chief.state.unfilled import unfilled_initializers
@@ -70,12 +71,18 @@ def mirror_state(job: Job, sample) -> ModelState:
 
 
 def variables_of(weights) -> list[tf.Variable]:
-    """The variables among a model's `weights` (or `non_trainable_weights`): a lookup layer adapted to
-    its data also lists its vocabulary there, a weight handler that is no variable (every copy of the
-    model adapts it on the same data: chief/state/adapted.py)."""
+    """The `tf.Variable`s among a model's `weights` (or `trainable_variables`, `non_trainable_weights`,
+    an optimizer's `variables`): a lookup layer adapted to its data also lists its vocabulary there, a
+    weight handler that is no variable (every copy of the model adapts it on the same data:
+    chief/state/adapted.py); a Keras 3 variable stands for the `tf.Variable` it wraps."""
     from tf_keras.src.engine.base_layer_utils import TrackableWeightHandler
 
-    return [w for w in weights if not isinstance(w, TrackableWeightHandler)]
+    return [tf_variable(w) for w in weights if not isinstance(w, TrackableWeightHandler)]
+
+
+def trainable_of(model) -> list[tf.Variable]:
+    """The model's trainable `tf.Variable`s, in Keras's order: what gradients are taken for and pushed."""
+    return variables_of(model.trainable_variables)
 
 
 def finalize_layers(model: tf_keras.Model) -> None:
@@ -83,7 +90,8 @@ def finalize_layers(model: tf_keras.Model) -> None:
     `load_weights` do (`Layer.finalize_state`): Normalization keeps its mean and variance as tensors
     read from its variables, which a checkpoint restore or a copy into the variables leaves stale."""
     for layer in model._flatten_layers():
-        layer.finalize_state()
+        if hasattr(layer, "finalize_state"):  # Keras 3 layers derive nothing from their weights this way
+            layer.finalize_state()
 
 
 def create_optimizer_slots(optimizer, variables) -> None:

@@ -19,10 +19,11 @@ from concurrent import futures
 import numpy as np
 import tensorflow as tf
 
+from chief.contract.framework import TF_KERAS
 from chief.contract.job import Job, job_file
 from chief.data.train_source import explain_worker_error
 from chief.state.initial_values import PS_INIT_MIN_BYTES
-from chief.state.model_state import allow_loss_scaling_under_ps, build_state, variables_of
+from chief.state.model_state import allow_loss_scaling_under_ps, build_state, trainable_of, variables_of
 from chief.state.sharding import partitioner
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
@@ -73,7 +74,9 @@ class ClusterEngine:
         allow_loss_scaling_under_ps()
         resolver = resolver or training_resolver()
         num_ps = resolver.cluster_spec().num_tasks("ps")
-        self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps))
+        # Keras 3's variables cannot be sharded (chief/contract/framework.py): with several ps they are placed whole.
+        split = partitioner(num_ps) if job.framework == TF_KERAS else None
+        self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=split)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, train.seed, sample, ps_init_min_bytes)
@@ -93,7 +96,7 @@ class ClusterEngine:
     def prepare(self, start_step: int) -> None:
         """Accumulators, the step gate, the per-worker data and the traced functions, for a run starting
         at `start_step`."""
-        variables = self.state.model.trainable_variables
+        variables = trainable_of(self.state.model)
         if any(self.sparse):
             tables = {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
             log.info("row-sparse gradients (only touched rows move): %s", ", ".join(sorted(tables)))

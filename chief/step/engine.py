@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from chief.contract.job import Job
-from chief.state.model_state import ModelState
+from chief.state.model_state import ModelState, trainable_of
 from chief.step.positions import slot_indices
 from cluster.config import TrainConfig
 from worker.input.sources import Source
@@ -74,7 +74,7 @@ def first_nonfinite(finite: Sequence[bool], names: Sequence[str]) -> str | None:
 
 def value_names(replica: Replica) -> list[str]:
     """What a step averages, in order: the loss, each trainable variable, each state variable."""
-    variables = [*replica.model.trainable_variables, *replica.state_variables]
+    variables = [*trainable_of(replica.model), *replica.state_variables]
     return ["loss", *(v.name.split(":")[0] for v in variables)]
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from chief.contract.job import Job, job_file
-from chief.state.model_state import build_state
+from chief.state.model_state import build_state, trainable_of
 from chief.step.engine import StepResult, first_nonfinite, inspected_replica, slot_positions, value_names
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
@@ -47,7 +47,7 @@ class LocalEngine:
 
         @tf.function(autograph=False)  # as the cluster's (chief/contract/as_written.py)
         def step_fn(step, batches):
-            variables = replica.model.trainable_variables
+            variables = trainable_of(replica.model)
             per_slot = []
             for k in range(slots):  # each slot from the same starting state, as on the cluster
                 loss, grads, deltas = replica_step(replica, batches[k], step, k)

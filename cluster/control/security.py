@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 
 from cluster.config import ConfigError
+from cluster.doors import is_unix_target
 from cluster.taskenv import TOKEN_ENV, env_token
 
 METADATA_KEY = "authorization"
@@ -94,7 +95,7 @@ def server_credentials(creds: Credentials) -> grpc.ServerCredentials | None:
 def channel(address: str, creds: Credentials) -> grpc.Channel:
     """A channel to the control plane that sends the token on every call."""
     call_creds = grpc.metadata_call_credentials(lambda _ctx, callback: callback(((METADATA_KEY, f"Bearer {creds.token}"),), None))
-    if creds.tls:
+    if creds.tls and not is_unix_target(address):  # a unix socket is served without TLS (`serve`)
         root = _read(creds.tls_ca or creds.tls_cert, "cluster.tls_ca")
         return grpc.secure_channel(address, grpc.composite_channel_credentials(grpc.ssl_channel_credentials(root), call_creds))
     # Without TLS gRPC refuses call credentials; attach the token as plain metadata instead.

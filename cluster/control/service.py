@@ -14,6 +14,7 @@ from cluster.control.proto import control_pb2_grpc as pb_grpc
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, TokenInterceptor, channel, server_credentials
 from cluster.control.status_row import TaskRow
+from cluster.doors import is_unix_target
 from cluster.task import TaskId
 
 RPC_TIMEOUT_S = 5.0
@@ -125,10 +126,11 @@ def status_dict(reply: pb.StatusReply) -> dict:
 
 
 def serve(servicer: ControlService, bind: str, creds: Credentials) -> tuple[grpc.Server, int]:
-    """Start the server on `bind` (host:port, port 0 = free); returns it and the bound port."""
+    """Start the server on `bind` (host:port, port 0 = free; or a closed local cluster's `unix:PATH`,
+    which the socket file's permissions and the token guard, without TLS); returns it and the bound port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[TokenInterceptor(creds.token)])
     pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)
-    tls = server_credentials(creds)
+    tls = None if is_unix_target(bind) else server_credentials(creds)
     port = server.add_secure_port(bind, tls) if tls else server.add_insecure_port(bind)
     if port == 0:
         raise OSError(f"cannot listen on {bind}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -10,6 +11,8 @@ import psutil
 
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts, gpus
+from cluster.doors import check_control_target, is_unix_target
+from cluster.rundir import RunDir
 from cluster.task_setup import cluster_spec
 from cluster.taskenv import gpu_visibility
 from cluster.tfconfig import tf_config_text
@@ -75,7 +78,7 @@ def cluster_checks(chief: str, creds) -> list[checks.Check]:
 
     from cluster.versions import local_versions
 
-    parse_address("--chief", chief)
+    check_control_target("--chief", chief)
     try:
         status, trips, skew = facts.chief_status(chief, creds)
     except grpc.RpcError as e:
@@ -89,17 +92,42 @@ def cluster_checks(chief: str, creds) -> list[checks.Check]:
             checks.Check("FAIL", "cluster", f"no control plane answers at {chief} ({e.code().name})", "is the cluster running?")
         ]
     registered = {t["task"]: t["address"] for t in status["tasks"] if t.get("state") not in ("missing", "lost")}
+    if is_unix_target(chief):  # a closed local cluster: its TF ports exist in its private namespace only
+        trips_to_tasks = [checks.Check("INFO", "cluster.round_trip", "the tasks' TF ports are closed to this namespace")]
+    else:
+        trips_to_tasks = checks.task_round_trips({task: facts.connect_time(address) for task, address in registered.items()})
     return (
-        checks.cluster_versions(local_versions(), status["tasks"])
-        + checks.clock_and_latency(trips, skew, chief)
-        + checks.task_round_trips({task: facts.connect_time(address) for task, address in registered.items()})
+        checks.cluster_versions(local_versions(), status["tasks"]) + checks.clock_and_latency(trips, skew, chief) + trips_to_tasks
     )
 
 
-def doctor(config_file: str | None, chief: str | None, creds, as_json: bool) -> int:
+def run_doors(run_dir: RunDir) -> list[checks.Check]:
+    """`--run-dir`: every listening socket of the run's processes (the lock's holder and its
+    descendants), read in each process's own network namespace, and who reaches it."""
+    from cluster.doctor.listeners import listeners
+    from cluster.runlock import read_holder
+
+    holder = read_holder(run_dir)
+    record = run_dir.config_record
+    control = json.loads(record.read_text()).get("control") or "" if record.exists() else ""
+    pids = []
+    if holder is not None and psutil.pid_exists(holder.pid):
+        root = psutil.Process(holder.pid)
+        pids = [root.pid, *(p.pid for p in root.children(recursive=True))]
+    commands = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            commands[pid] = " ".join(psutil.Process(pid).cmdline()[1:3])
+    found = [(x.pid, commands.get(x.pid, "?"), x.address, x.port, x.reach) for x in listeners(pids)]
+    return checks.doors(found, control)
+
+
+def doctor(config_file: str | None, chief: str | None, creds, as_json: bool, run_dir: RunDir | None = None) -> int:
     found = machine_checks(config_file)
     if chief:
         found += cluster_checks(chief, creds)
+    if run_dir:
+        found += run_doors(run_dir)
     if as_json:
         print(json.dumps([c.as_dict() for c in found], indent=2))
     else:

@@ -16,6 +16,7 @@ from cluster.control.registry import Registry
 from cluster.control.security import Credentials, load_token
 from cluster.control.service import ControlService, serve
 from cluster.errors import ConfigError, PstrainError, writing
+from cluster.launch.closing import closed
 from cluster.launch.console import say, say_stopped
 from cluster.launch.hosts import local_addresses
 from cluster.launch.ports import assign_ports
@@ -76,12 +77,13 @@ def token_hint(cluster: ClusterConfig, run_dir: rundir.RunDir, creds: Credential
     return str(path)
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "") -> int:
+def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", where: str = "launch") -> int:
     """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
-    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself.
+    `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
+    `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/closing.py).
     """
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
@@ -90,7 +92,10 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     check_writable(layout)  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(layout, "pstrain launch") as lock:  # before anything is written there
-        return launch_locked(config, cluster, creds, lock, local, local_tasks, control_bind, stop)
+        with closed(cluster, local_tasks, lock.run_dir, ports_here(cluster, local, local_tasks), where) as doors:
+            say(doors.line, warning=doors.open)
+            supervisor = Supervisor(lock.layout.logs, doors.network)
+            return launch_locked(config, doors.cluster, creds, lock, local, local_tasks, control_bind, stop, supervisor)
 
 
 def launch_locked(
@@ -181,6 +186,12 @@ def start_local_servers(
     if gpu_sharers(cluster):
         say(f"GPUs: {gpu_line(cluster)}")
     return servers
+
+
+def ports_here(cluster: ClusterConfig, local: frozenset[str], local_tasks) -> list[int]:
+    """The TF ports of the tasks this launcher runs on this machine: the chief's and its local servers'."""
+    setups = [task_setup(cluster, "chief", 0), *(s for s in server_setups(cluster) if runs_here(s, local, local_tasks))]
+    return [parse_address("task", setup.address)[1] for setup in setups]
 
 
 def runs_here(setup: TaskSetup, local: frozenset[str], local_tasks: set[tuple[str, int]] | None) -> bool:

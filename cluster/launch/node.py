@@ -9,6 +9,7 @@ or has been unreachable past the heartbeat timeout.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from cluster.control.proto import control_pb2 as pb
 from cluster.control.security import Credentials
 from cluster.control.service import RPC_TIMEOUT_S, stub
 from cluster.errors import returncode_exit_code
+from cluster.launch.closing import node_rules
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import control_env
 from cluster.launch.supervisor import Supervisor, python_module
@@ -71,14 +73,19 @@ def node_env(config: Config | None, cluster: ClusterConfig, creds: Credentials) 
     return control_env(Config(cluster, config.train if config else TrainConfig()), creds)
 
 
-def run_node(cluster: ClusterConfig, tasks: list[tuple[str, int]], env: dict[str, str], log_dir: Path) -> int:
+def run_node(
+    cluster: ClusterConfig, tasks: list[tuple[str, int]], env: dict[str, str], log_dir: Path, where: str = "node"
+) -> int:
     """Run `tasks` with the control plane's `env` (`node_env`) until they all exit (0, or the
-    first non-zero code) or a stop signal (128+N)."""
+    first non-zero code) or a stop signal (128+N); their TF ports closed to all but the cluster's
+    hosts meanwhile (`where`: "node" refuses where they cannot be, "slurm" says so)."""
     if not tasks:
         raise ConfigError("cluster: no task of this cluster is assigned to this machine; check the hosts in the config")
     log_dir.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(log_dir)
-    with StopTrap() as stop:
+    ports = [parse_address("task", task_setup(cluster, kind, index).address)[1] for kind, index in tasks]
+    with StopTrap() as stop, node_rules(cluster, ports, where) as (line, is_open):
+        print(f"pstrain node: {'warning: ' if is_open else ''}{line}", file=sys.stderr if is_open else sys.stdout, flush=True)
         try:
             children = [
                 supervisor.start(task_setup(cluster, kind, index), python_module("worker"), extra_env=env)

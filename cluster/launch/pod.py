@@ -44,7 +44,7 @@ def run_task(config_path: str, control_port: int = DEFAULT_CONTROL_PORT) -> int:
             raise ConfigError(f"train.run_dir: {config_path or 'the config'} sets none; give the chief a run dir on its volume")
         Path(config.train.run_dir).mkdir(parents=True, exist_ok=True)
         control = config.cluster.control
-        return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}")
+        return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}", where="pod")
     from worker.server import serve
 
     os.environ.update(env)

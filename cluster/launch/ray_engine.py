@@ -21,6 +21,7 @@ from typing import Any
 
 from cluster import rundir
 from cluster.config import ClusterConfig, Config, ConfigError, format_address, parse_address, with_train
+from cluster.doors import unclosed_line
 from cluster.errors import PstrainError
 from cluster.launch.hosts import local_addresses
 from cluster.launch.launcher import credentials, launch_locked, say, say_stopped
@@ -224,6 +225,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
                 control = format_address(here, free_port(here))
                 ran = placed_cluster(cluster, placed, control)
                 say(f"Ray placed {describe(ran)}")
+                say(unclosed_line("the tasks run in Ray's worker processes, where pstrain makes no rules"), warning=True)
                 local_tasks = {(t.type, t.index) for t in tasks_of(ran) if not t.is_chief}
                 supervisor = RaySupervisor(ray, logs, hosts)
                 return launch_locked(

@@ -32,9 +32,9 @@ def run_slurm_node(config_path: str, port_base: int = PORT_BASE) -> int:
     env = shared_control_env(config)  # every node needs the job's token (none is generated) and TLS CA
     if runs_chief:
         port = parse_address("cluster.control", config.cluster.control)[1]
-        return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}")
+        return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}", where="slurm")
     from cluster.launch.node import run_node
 
     log_dir = RunDir(Path(config.train.run_dir)).logs
     tasks = sorted(local_tasks, key=lambda t: (t[0] != "ps", t[1]))
-    return run_node(config.cluster, tasks, env, log_dir)
+    return run_node(config.cluster, tasks, env, log_dir, where="slurm")

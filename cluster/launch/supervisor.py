@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 from cluster.errors import WriteError, write_error
 from cluster.launch.console import ConsoleFilter
+from cluster.launch.netns import PrivateNetwork
 from cluster.task import TaskId
 from cluster.task_setup import TaskSetup
 from cluster.taskenv import TaskEnv
@@ -39,8 +40,10 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, network: PrivateNetwork | None = None):
+        """`network`: the private network namespace every task starts in (None: this machine's own)."""
         self.log_dir = log_dir
+        self.network = network
         self.children: list[Child] = []
 
     def start(self, setup: TaskSetup, argv: list[str], echo: BinaryIO | None = None, extra_env: dict | None = None) -> Child:
@@ -50,7 +53,8 @@ class Supervisor:
         # The task arms "die with parent" itself (cluster/taskenv.py), so no task outlives us.
         env = {**os.environ, **setup.env, **(extra_env or {}), **TaskEnv(parent_pid=os.getpid()).to_env()}
         process = subprocess.Popen(
-            argv,
+            self.network.wrap(argv) if self.network else argv,  # the same pid either way
+            pass_fds=self.network.fds if self.network else (),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if echo else log_file,

@@ -32,6 +32,7 @@ class TFJobOptions:
     run_dir_claim: str = ""  # default <name>-runs
     control_port: int = DEFAULT_CONTROL_PORT
     gpus_per_pod: int = 1  # nvidia.com/gpu per worker pod (0: CPU workers); the flag --worker-gpus
+    status_from: str = ""  # KEY=VALUE: pods with this label (same namespace) may reach the control port too
 
     @property
     def secret(self) -> str:
@@ -54,6 +55,9 @@ def check_options(options: TFJobOptions) -> None:
         raise ConfigError("--image: empty; give the container image that has pstrain installed")
     if options.control_port in (TF_PORT,) or not 0 < options.control_port <= 65535:
         raise ConfigError(f"--control-port: {options.control_port} must be a port 1-65535 other than {TF_PORT}")
+    key, _, value = options.status_from.partition("=")
+    if options.status_from and not (key and value and DNS_1123_LABEL.fullmatch(value.lower())):
+        raise ConfigError(f"--status-from: {options.status_from!r}; give a pod label as KEY=VALUE, e.g. role=pstrain-status")
     if options.gpus_per_pod not in (0, 1):
         raise ConfigError(f"--worker-gpus: {options.gpus_per_pod}; pstrain pins one GPU per worker, give 1 (or 0 for CPU)")
 
@@ -93,15 +97,39 @@ def replica(options: TFJobOptions, role: str, count: int) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": f"{options.name}-config"}}]
     if role == "Chief":  # only the chief writes the run dir, so a ReadWriteOnce claim suffices
         volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": options.claim}})
+    labels = {**job_labels(options), "app.kubernetes.io/component": role.lower()}
     return {
         "replicas": count,
         "restartPolicy": "OnFailure",
-        "template": {"spec": {"containers": [container(options, role)], "volumes": volumes}},
+        "template": {"metadata": {"labels": labels}, "spec": {"containers": [container(options, role)], "volumes": volumes}},
+    }
+
+
+def job_labels(options: TFJobOptions) -> dict[str, str]:
+    """The labels every pod of this job carries: what its NetworkPolicy admits."""
+    return {"app.kubernetes.io/name": "pstrain", "app.kubernetes.io/instance": options.name}
+
+
+def network_policy(options: TFJobOptions, meta: dict[str, Any]) -> dict[str, Any]:
+    """Close the pods' doors: TF's servers (unauthenticated; they run any op sent to them) and the control
+    plane admit the job's own pods only, the control port also pods labelled `status_from`. A cluster
+    whose network plugin does not enforce NetworkPolicy ignores it (docs/kubernetes.md)."""
+    own = {"podSelector": {"matchLabels": job_labels(options)}}
+    tcp = [{"protocol": "TCP", "port": port} for port in (TF_PORT, options.control_port)]
+    ingress: list[dict[str, Any]] = [{"from": [own], "ports": tcp}]
+    if options.status_from:
+        key, _, value = options.status_from.partition("=")
+        ingress.append({"from": [{"podSelector": {"matchLabels": {key: value}}}], "ports": tcp[1:]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {**meta, "name": f"{options.name}-doors"},
+        "spec": {"podSelector": own["podSelector"], "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
 def render_tfjob(config: Config, options: TFJobOptions) -> list[dict[str, Any]]:
-    """[ConfigMap, TFJob] for `config`'s counts of ps and workers."""
+    """[ConfigMap, TFJob, NetworkPolicy] for `config`'s counts of ps and workers."""
     check_options(options)
     if config.cluster.tls_cert or config.cluster.tls_ca:
         raise ConfigError("cluster.tls_cert: TLS files are not carried into pods; remove the tls_* fields to render a TFJob")
@@ -125,7 +153,7 @@ def render_tfjob(config: Config, options: TFJobOptions) -> list[dict[str, Any]]:
             },
         },
     }
-    return [config_map, tfjob]
+    return [config_map, tfjob, network_policy(options, meta)]
 
 
 def to_yaml(documents: list[dict[str, Any]]) -> str:

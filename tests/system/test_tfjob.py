@@ -104,6 +104,32 @@ def test_rendered_tfjob_satisfies_the_crd_schema_with_unknown_fields_refused(man
     assert {"name": "runs", "persistentVolumeClaim": {"claimName": "demo-runs"}} in volumes
 
 
+NETWORK_POLICY_SCHEMA = Path(__file__).resolve().parents[1] / "data" / "networkpolicy-networking-v1.json"
+
+
+@pytest.mark.cluster
+def test_the_network_policy_admits_the_jobs_own_pods_only_and_passes_the_schema(manifest):
+    """TF's servers (unauthenticated) and the control port: reached from this job's pods only."""
+    [policy] = [d for d in manifest if d["kind"] == "NetworkPolicy"]
+    schema = json.loads(NETWORK_POLICY_SCHEMA.read_text())
+    jsonschema.validate(policy, schema)
+    own = {"app.kubernetes.io/name": "pstrain", "app.kubernetes.io/instance": "demo"}
+    assert policy["metadata"]["namespace"] == "ml" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": own}
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": own}}], "ports": [{"protocol": "TCP", "port": p} for p in (2222, 2229)]}
+    ]
+    for spec in tfjob_of(manifest)["spec"]["tfReplicaSpecs"].values():  # every pod is one the policy selects
+        assert own.items() <= spec["template"]["metadata"]["labels"].items()
+    bad = json.loads(json.dumps(policy))
+    bad["spec"]["ingress"][0]["form"] = bad["spec"]["ingress"][0].pop("from")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    status = render_tfjob(resolve({}), TFJobOptions("img", status_from="role=ops"))[2]["spec"]["ingress"][1]
+    assert status == {"from": [{"podSelector": {"matchLabels": {"role": "ops"}}}], "ports": [{"protocol": "TCP", "port": 2229}]}
+    jsonschema.validate(render_tfjob(resolve({}), TFJobOptions("img", status_from="role=ops"))[2], schema)
+
+
 @pytest.mark.cluster
 def test_the_strict_schema_and_the_webhook_rules_do_refuse(manifest):
     schema = operator.strict(operator.crd_schema())
@@ -139,6 +165,7 @@ def test_the_strict_schema_and_the_webhook_rules_do_refuse(manifest):
         (TFJobOptions(" "), "--image: empty"),
         (TFJobOptions("img", control_port=2222), "--control-port: 2222 must be a port 1-65535 other than 2222"),
         (TFJobOptions("img", gpus_per_pod=2), "--worker-gpus: 2; pstrain pins one GPU per worker"),
+        (TFJobOptions("img", status_from="ops"), "--status-from: 'ops'; give a pod label as KEY=VALUE"),
     ],
 )
 def test_render_refuses_what_the_api_server_or_pstrain_would(options, message):

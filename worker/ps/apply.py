@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from chief.state.model_state import trainable_of
 from worker.ps.clipping import apply_clipped
 from worker.replica.gradients import Gradient
 
@@ -47,7 +48,7 @@ def apply_loop(state, replica, aggregator, gate, loss_var, stopping, widths: tup
     @tf.function(autograph=False)
     def apply_means(means):
         """One step's update; as a function call it has finished, every write done, when it returns."""
-        apply_step(optimizer, replica.model.trainable_variables, replica.state_variables, means)
+        apply_step(optimizer, trainable_of(replica.model), replica.state_variables, means)
         return tf.constant(True)
 
     @tf.function(autograph=False)

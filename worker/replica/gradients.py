@@ -15,13 +15,14 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from chief.contract.arrays import tensor_dtype
+from chief.state.model_state import trainable_of
 
 Gradient = tf.Tensor | tf.IndexedSlices
 
 
 def sparse_variables(model, sample_features) -> list[bool]:
     """For each of `model.trainable_variables`: does its gradient come as row slices? Traced, not run."""
-    variables = model.trainable_variables
+    variables = trainable_of(model)
 
     def probe(features):
         with tf.GradientTape() as tape:

@@ -18,9 +18,10 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 from tf_keras.src.engine import compile_utils
-from tf_keras.src.losses import LossFunctionWrapper
 
 from chief.contract.as_written import as_written
+from chief.contract.framework import TF_KERAS, refuse_masked_output
+from chief.contract.framework import loss_object as framework_loss_object
 from chief.contract.job import Job, JobError
 
 # What TensorFlow and Keras say when labels and predictions do not fit together.
@@ -42,12 +43,10 @@ def conform(struct: Any, predictions: Any, output_names: Sequence[str] | None) -
     return struct
 
 
-def loss_object(loss: Any) -> tf_keras.losses.Loss | None:
-    """A `Loss` object for one output's loss (a name, a function or a `Loss`), as `compile` makes it."""
-    if loss is None:
-        return None
-    loss = tf_keras.losses.get(loss)
-    return loss if isinstance(loss, tf_keras.losses.Loss) else LossFunctionWrapper(loss)
+def loss_object(loss: Any, framework: str = TF_KERAS) -> Any:
+    """A `Loss`-like object (`call` and `reduction`) for one output's loss (a name, a function or a
+    `Loss` of the job's framework), as `compile` makes it (chief/contract/framework.py); None for no loss."""
+    return None if loss is None else framework_loss_object(framework, loss)
 
 
 def reduce_slot(values: tf.Tensor, reduction: str, sample_weight, batch: int, num_slots: int, name: str) -> tf.Tensor:
@@ -100,9 +99,10 @@ def output_losses(
         raise JobError(f"train_data(): {len(weights)} sample weight arrays for {len(flat)} outputs; give one, or one per output")
     results = []
     for i, (y_true, y_pred) in enumerate(zip(tf.nest.flatten(labels), flat, strict=True)):
-        loss = loss_object(losses[i])
+        loss = loss_object(losses[i], job.framework)
         if y_true is None or loss is None:  # an output without a loss (Keras allows it)
             continue
+        refuse_masked_output(what, job.framework, y_pred)
         y_pred = tf.convert_to_tensor(y_pred)
         if y_pred.dtype.is_floating and y_pred.dtype != tf.float32:
             y_pred = tf.cast(y_pred, tf.float32)  # mixed precision: the loss in float32, as Keras advises

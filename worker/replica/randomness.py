@@ -4,7 +4,9 @@ While a replica's step is traced, every tf_keras `RandomGenerator` of the model 
 stateless Philox ops whose seed is folded from (seed, step, slot, layer position, call count): the
 same (step, slot) draws the same numbers on any worker, however often its closure runs, and the
 standalone engine draws the same. `rng_alg="philox"` pins the algorithm (`auto_select` may differ
-by device).
+by device). A Keras 3 layer draws through its `keras.random.SeedGenerator`s, whose `next()` (a seed
+read from, and a write to, the generator's state variable) is replaced by the same folded seed: its
+stateless ops then draw per (seed, step, slot), and the state is never written.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterator
 import tensorflow as tf
 import tf_keras
 from tf_keras.src.backend import RandomGenerator
+
+from chief.contract.framework import keras3_seed_generators
 
 ALG = "philox"
 OVERRIDDEN = ("dropout", "random_uniform", "random_normal", "truncated_normal", "make_seed_for_stateless_op")
@@ -74,9 +78,24 @@ def stateless_random(model: tf_keras.Model, seed: int, step, slot) -> Iterator[N
         }
         for name, fn in overrides.items():
             object.__setattr__(generator, name, fn)
+    seed_generators = keras3_seed_generators(model)
+    base = base if base is not None or not seed_generators else step_seed(seed, step, slot)
+    for position, index, generator in seed_generators:
+        generator_seed = tf.random.experimental.stateless_fold_in(
+            tf.random.experimental.stateless_fold_in(base, position, alg=ALG), index, alg=ALG
+        )
+        calls = [0]
+
+        def next_seed(ordered=True, _seed=generator_seed, _calls=calls) -> tf.Tensor:
+            _calls[0] += 1
+            return tf.random.experimental.stateless_fold_in(_seed, _calls[0], alg=ALG)
+
+        generator.next = next_seed
     try:
         yield
     finally:
         for _, generator in generators:
             for name in OVERRIDDEN:
                 generator.__dict__.pop(name, None)
+        for _, _, generator in seed_generators:
+            generator.__dict__.pop("next", None)

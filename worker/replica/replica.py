@@ -19,7 +19,7 @@ import tf_keras
 from chief.contract.as_written import as_written
 from chief.contract.graph_ops import unsupported_ops
 from chief.contract.job import Job, JobError
-from chief.state.model_state import variables_of
+from chief.state.model_state import trainable_of, variables_of
 from cluster.config import TrainConfig
 from worker.ps.clipping import refuse_whole_variable_features
 from worker.replica.build_errors import building_from
@@ -65,7 +65,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     features, labels, weights = unpack(data)
     if r.job.class_weight:  # as fit applies it: per-example weights by label, times any sample weights
         weights = class_weighted(r.job.class_weight, labels, weights)
-    variables = r.model.trainable_variables
+    variables = trainable_of(r.model)
     with capture_assigns(r.state_variables) as captured, stateless_random(r.model, r.seed, step, slot):
         with tf.GradientTape() as tape, building_from(r.job, data):
             predictions = as_written(r.model)(features, training=True)
@@ -120,7 +120,7 @@ def inspect_job(
     variables (worker/replica/gradients.py), whose gradients stay row slices here too (a dense gradient of a
     table would be table-sized). Raises JobError (one line) for a contract the engines cannot keep."""
     optimizer = job.optimizer_fn()
-    refuse_whole_variable_features(optimizer, model.trainable_variables)
+    refuse_whole_variable_features(optimizer, trainable_of(model))
     candidates = tuple(variables_of(model.non_trainable_weights))
     replica = Replica(job, model, optimizer, candidates, train.seed, train.replicas_to_aggregate, sparse)
     # Functions, as in the closures: eagerly, a lookup of a table sharded over ps tasks reads all of it.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -17,6 +19,10 @@ from cluster.control.proto.generate import generated_files
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlService, serve, status_dict, status_message, stub
+from cluster.doctor.listeners import listeners, parse_table
+from cluster.doctor.run import run_doors
+from cluster.rundir import RunDir
+from cluster.runlock import read_holder
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
 
@@ -133,6 +139,20 @@ def test_registration_over_grpc_refuses_skew(control_plane):
 STEPS = 1000
 
 
+def listening_here(pids: set[int]) -> list[tuple[str, int]]:
+    """The listening TCP sockets of `pids` as this (the user's) network namespace sees them: its own
+    /proc/net tables matched to the sockets the processes hold (what `ss -ltnp` shows for them)."""
+    table = {**parse_table(Path("/proc/self/net/tcp").read_text()), **parse_table(Path("/proc/self/net/tcp6").read_text())}
+    held = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    held.add(int(target[8:-1]))
+    return [table[inode] for inode in held if inode in table]
+
+
 def status_json(control: str, token_file: Path) -> subprocess.CompletedProcess:
     argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token_file), "--json"]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -171,6 +191,14 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             if status["state"] != "training" or status["step"] < 30:
                 return False
             seen["serving"] = {row["task"]: row["state"] for row in status["tasks"]}
+            pids = [row["pid"] for row in status["tasks"]]
+            # Where the doors are while it trains: no socket of any task in this (the user's) namespace,
+            # every TF server listening in the run's private one (seen through /proc/PID/net).
+            run = {*pids, read_holder(RunDir(run_dir)).pid}  # the tasks and the launcher (the run dir lock's holder)
+            seen["host_view"] = listening_here(run)
+            seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
+            seen["tasks_pids"] = set(pids)
+            seen["doctor"] = [(c.level, c.message) for c in run_doors(RunDir(run_dir))]
             bad = tmp_path / "bad.token"
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
@@ -190,6 +218,9 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             seen["others"] = {row["task"]: row["state"] for row in live_status()["tasks"] if row["task"] != "worker:1"}
         return False
 
+    def control_of(run_dir) -> str:
+        return json.loads((run_dir / "cluster.json").read_text())["control"]
+
     def live_status() -> dict:
         """Polled in-process (real gRPC, no interpreter start-up per poll)."""
         control = json.loads((run_dir / "cluster.json").read_text())["control"]
@@ -198,6 +229,12 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
 
     result = run_pstrain(args, signal_when=drive)
     assert seen["serving"] == {"chief:0": "training", "ps:0": "serving", "worker:0": "serving", "worker:1": "serving"}
+    assert seen["host_view"] == [], "a process of a local cluster listens on TCP in the user's network namespace"
+    assert seen["inside"] == {(pid, True) for pid in seen["tasks_pids"]}, "each TF server listens, in the private namespace"
+    assert control_of(run_dir).startswith("unix:"), "status and stop went through the run dir's socket"
+    listed = [m for _, m in seen["doctor"] if "listens on" in m]
+    assert len(listed) == 4 and all("reached by the run's own tasks only" in m for m in listed), seen["doctor"]
+    assert {level for level, _ in seen["doctor"]} == {"INFO"}, "doctor --run-dir: no door open to anyone"
     refused = seen["refused"]
     assert refused.returncode == 2 and "refused the token" in refused.stderr and "Traceback" not in refused.stderr
     assert seen["step_after_refusal"] >= 30, "training went on after the refused call"

@@ -1,0 +1,142 @@
+"""Who can reach a run's TensorFlow servers ("doors"), decided before any task starts. Pure.
+
+TensorFlow's gRPC server listens on every interface (0.0.0.0) with insecure credentials whatever the
+cluster spec says, and its eager service runs any op it is sent (reading and writing files, running
+functions). pstrain closes these doors:
+- a local cluster (every task on this machine's loopback, placed by `pstrain launch` itself) runs its
+  tasks in a private network namespace (cluster/launch/netns.py): their ports exist only there, and the
+  control plane is served on a unix socket (`unix:PATH`) that the tasks and the user's shell both reach;
+- where no namespace can be made, the launch is refused in one line unless `allow_open_ports` accepts it;
+- tasks on several machines are not closed by a namespace: the console and docs say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster.config import ClusterConfig, ConfigError, is_loopback, parse_address, task_addresses
+
+SOCKET_NAME = "control.sock"  # RUN_DIR/control.sock: a closed local cluster's control plane
+MAX_UNIX_PATH = 107  # bytes of a socket path (sun_path holds 108 with its terminating NUL)
+UNIX = "unix:"
+ALLOW_FLAG = "--allow-open-ports"
+
+
+def closable_by_namespace(cluster: ClusterConfig, local_tasks: set | None) -> bool:
+    """Every task (chief, ps, workers) on loopback and started by this launcher: one private network
+    namespace can hold them all, with nobody outside it to talk to."""
+    if cluster.engine != "local" or local_tasks is not None:
+        return False
+    tasks = [(name, address) for name, address in task_addresses(cluster) if name != "cluster.control"]
+    return all(is_loopback(parse_address(name, address)[0]) for name, address in tasks)
+
+
+def socket_in_run_dir(run_dir: Path) -> Path | None:
+    """RUN_DIR/control.sock (absolute), or None where that path is too long for a unix socket."""
+    path = run_dir.absolute() / SOCKET_NAME
+    return path if len(str(path).encode()) <= MAX_UNIX_PATH else None
+
+
+def unix_target(path: Path) -> str:
+    return f"{UNIX}{path}"
+
+
+def is_unix_target(target: str) -> bool:
+    return target.startswith(UNIX)
+
+
+def check_control_target(name: str, target: str) -> None:
+    """A control-plane target: `unix:/absolute/path` (a closed local cluster's socket) or HOST:PORT."""
+    if is_unix_target(target):
+        if not target[len(UNIX) :].startswith("/"):
+            raise ConfigError(f"{name}: expected unix:/absolute/path or HOST:PORT, got {target!r}")
+        return
+    parse_address(name, target)
+
+
+def closed_line(how: str, control: str) -> str:
+    return (
+        f"TF ports closed: the tasks run in their own {how}, where only they reach each other's "
+        f"TensorFlow servers; control plane on {control}"
+    )
+
+
+def open_line() -> str:
+    return (
+        f"TF ports open on request ({ALLOW_FLAG}): every task's TensorFlow server listens on all "
+        "interfaces without authentication while it trains"
+    )
+
+
+def remote_line() -> str:
+    return (
+        "TF ports open to the network: tasks on other machines (or Ray) cannot share a private "
+        "namespace, and each TensorFlow server listens on all interfaces of its host without "
+        "authentication; keep the cluster on a private network (README: Security)"
+    )
+
+
+def refusal(reason: str) -> str:
+    """The one-line refusal where a local cluster cannot be closed."""
+    return (
+        f"local cluster: no private network namespace can be made here ({reason}), so every task's TensorFlow "
+        "server would listen on all interfaces without authentication and run any op sent to it; allow "
+        "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces) "
+        f"or run as root, or pass {ALLOW_FLAG} to accept the open ports"
+    )
+
+
+TABLE_PREFIX = "pstrain_"  # nftables tables `pstrain_<guardian pid>`: one per run on a node
+
+
+def table_name(pid: int) -> str:
+    return f"{TABLE_PREFIX}{pid}"
+
+
+def nft_ruleset(table: str, ports: list[int], peers: list[str]) -> str:
+    """An nftables table admitting `ports` (this node's TF servers) from `peers` (the cluster's hosts'
+    addresses) and loopback only; everyone else gets a TCP reset. Other traffic is left alone."""
+    v4 = sorted(p for p in peers if ":" not in p)
+    v6 = sorted(p for p in peers if ":" in p)
+    dports = "{ " + ", ".join(str(p) for p in sorted(set(ports))) + " }"
+    lines = [f"table inet {table} {{", "  chain doors {", "    type filter hook input priority filter - 10; policy accept;"]
+    lines.append('    iif "lo" accept')
+    if v4:
+        lines.append(f"    tcp dport {dports} ip saddr {{ {', '.join(v4)} }} accept")
+    if v6:
+        lines.append(f"    tcp dport {dports} ip6 saddr {{ {', '.join(v6)} }} accept")
+    lines += [f"    tcp dport {dports} reject with tcp reset", "  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def stale_tables(listing: str, alive) -> list[str]:
+    """The pstrain tables of `nft list tables` output whose guardian (`alive(pid)` False) is gone: a run
+    whose guardian was itself killed. Pure but for `alive`."""
+    stale = []
+    for line in listing.splitlines():
+        name = line.split()[-1] if line.startswith("table inet ") else ""
+        if name.startswith(TABLE_PREFIX) and name[len(TABLE_PREFIX) :].isdigit() and not alive(int(name[len(TABLE_PREFIX) :])):
+            stale.append(name)
+    return stale
+
+
+def rules_line(ports: list[int], peers: list[str], table: str) -> str:
+    return (
+        f"TF ports {', '.join(map(str, sorted(set(ports))))} closed to all but the cluster's hosts "
+        f"({', '.join(sorted(peers))}) by nftables table {table}, removed when this run ends"
+    )
+
+
+def node_refusal(reason: str) -> str:
+    return (
+        f"cluster: this machine's TF ports cannot be closed to hosts outside the cluster ({reason}), and each "
+        "TensorFlow server listens on all interfaces without authentication and runs any op sent to it; run "
+        f"as root with nftables installed, or pass {ALLOW_FLAG} to accept the open ports (README: Security)"
+    )
+
+
+def unclosed_line(reason: str) -> str:
+    return (
+        f"TF ports open to the network ({reason}): each TensorFlow server listens on all interfaces without "
+        "authentication; keep the cluster on a private network (README: Security)"
+    )

@@ -1,0 +1,159 @@
+"""The doors of a two-machine cluster, for real: hosts A (launch: chief, ps, worker 0) and B (node:
+worker 1) and an outsider C, one network namespace each on one bridge. While the cluster trains, C is
+refused on every TF port of A and B, a member is not, and `pstrain status` works; the nftables rules
+are gone after a normal end, after SIGKILL of the node, and after SIGKILL of the launcher."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, step_lines, with_block_length
+from tests.netns import Host, lan, netns_tier
+
+pytestmark = [*netns_tier(), pytest.mark.skipif(shutil.which("nft") is None, reason="nft (nftables) is not installed")]
+
+SUBNET = "10.252.7"
+TF_PORTS = {"a": [2220, 2221, 2222], "b": [2222]}  # chief, ps, worker 0 on A; worker 1 on B
+CONFIG = """\
+[cluster]
+chief = "{a}:2220"
+control = "{a}:2229"
+ps = ["{a}:2221"]
+workers = ["{a}:2222", "{b}:2222"]
+token_file = "{token}"
+heartbeat_interval = 0.5
+heartbeat_timeout = 5.0
+
+[train]
+steps = {steps}
+checkpoint_every = 50
+run_dir = "{run_dir}"
+"""
+PROBE = """\
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        out[target] = "connected"
+    except ConnectionRefusedError:
+        out[target] = "refused"
+    except OSError as e:
+        out[target] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def probe(host: Host, targets: list[str]) -> dict[str, str]:
+    """Connect from `host` to each HOST:PORT: connected, refused, or why not."""
+    done = subprocess.run(host.command([sys.executable, "-c", PROBE, *targets]), capture_output=True, text=True, timeout=60)
+    return json.loads(done.stdout)
+
+
+def tables(host: Host) -> list[str]:
+    listing = subprocess.run(host.command(["nft", "list", "tables"]), capture_output=True, text=True, timeout=30).stdout
+    return [line.split()[-1] for line in listing.splitlines() if "pstrain_" in line]
+
+
+def start(tmp_path: Path, hosts: dict[str, Host], steps: int) -> tuple[list[subprocess.Popen], str, Path]:
+    a, b = hosts["a"], hosts["b"]
+    token = tmp_path / "token"
+    token.write_text(secrets.token_urlsafe(16) + "\n")
+    config = tmp_path / "cluster.toml"
+    config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, steps=steps, run_dir=tmp_path / "run"))
+    control = f"{a.address}:2229"
+    node_argv = ["node", "--chief", control, "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+    launch_argv = with_block_length(["launch", "--config", str(config)])
+    processes = [
+        subprocess.Popen(
+            host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(tmp_path / f"{name}.out", "w"), stderr=subprocess.STDOUT
+        )
+        for host, argv, name in ((a, launch_argv, "launch"), (b, node_argv, "node"))
+    ]
+    return processes, str(token), tmp_path / "run"
+
+
+def until(condition, processes, seen: set[int], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        seen |= descendant_pids(p.pid for p in processes)
+        assert time.monotonic() < deadline and processes[0].poll() is None, "the cluster never got there"
+        time.sleep(0.2)
+
+
+def reap(processes, seen: set[int]) -> None:
+    """Every process of the run gone (the tasks of a killed launcher or node exit by their death
+    signal, which takes a moment on busy cores: awaited); whatever is left is killed after the check."""
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    try:
+        assert_no_orphans(Result(0, "", seen))
+    finally:
+        for p in alive(seen):
+            p.kill()
+
+
+def test_an_outsider_is_refused_on_every_tf_port_while_members_train_and_the_rules_go_at_the_end(tmp_path):
+    with lan("pd", {"a": ["ha"], "b": ["hb"], "c": ["hc"]}, SUBNET) as hosts:
+        a, b, c = hosts["a"], hosts["b"], hosts["c"]
+        processes, token, run_dir = start(tmp_path, hosts, steps=300)
+        seen: set[int] = set()
+        try:
+            until(lambda: step_lines(run_dir) >= 20, processes, seen)
+            targets = [f"{hosts[h].address}:{p}" for h, ports in TF_PORTS.items() for p in ports]
+            outsider = probe(c, targets)
+            member = probe(b, [f"{a.address}:2221"])
+            during = {"a": tables(a), "b": tables(b)}
+            status = subprocess.run(
+                c.command(PSTRAIN + ["status", "--chief", f"{a.address}:2229", "--token-file", token, "--json"]),
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            codes = [p.wait(timeout=300) for p in processes]
+        finally:
+            reap(processes, seen)
+        after = {"a": tables(a), "b": tables(b)}
+    output = (tmp_path / "launch.out").read_text() + (tmp_path / "node.out").read_text()
+    assert outsider == dict.fromkeys(targets, "refused"), outsider
+    assert member == {f"{a.address}:2221": "connected"}, "a member reaches the ps"
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "training", status.stderr
+    assert all(len(t) == 1 for t in during.values()), during
+    assert codes == [0, 0], output
+    assert after == {"a": [], "b": []}, "the rules outlive the run"
+    assert "TF ports 2220, 2221, 2222 closed to all but the cluster's hosts" in output
+    assert "TF ports 2222 closed to all but the cluster's hosts" in output
+
+
+def test_the_rules_go_when_the_node_and_the_launcher_are_killed(tmp_path):
+    with lan("pk", {"a": ["ha"], "b": ["hb"]}, SUBNET.replace("7", "8")) as hosts:
+        a, b = hosts["a"], hosts["b"]
+        processes, _, run_dir = start(tmp_path, hosts, steps=5000)
+        seen: set[int] = set()
+        try:
+            until(lambda: step_lines(run_dir) >= 5 and tables(a) and tables(b), processes, seen)
+            launcher, node = processes
+            node.kill()  # SIGKILL: no finally of the node runs; its guardian sees its stdin close
+            node.wait()
+            until(lambda: not tables(b), processes, seen, timeout_s=30)
+            launcher.kill()
+            launcher.wait()
+            deadline = time.monotonic() + 30
+            while tables(a) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            after = {"a": tables(a), "b": tables(b)}
+        finally:
+            reap(processes, seen)
+    assert after == {"a": [], "b": []}
