@@ -9,7 +9,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from cluster.rundir import RunDir  # noqa: E402
 from cluster.stop import StopTrap  # noqa: E402
-from cluster.taskenv import Switches, die_with_parent  # noqa: E402
+from cluster.taskenv import Switches, TaskEnv, die_with_parent  # noqa: E402
 
 die_with_parent()
 parser = argparse.ArgumentParser(prog="python -m chief")
@@ -18,12 +18,13 @@ args = parser.parse_args()
 with StopTrap() as stop:  # before TensorFlow's import: a stop during start-up ends it, said in one line
     from chief.trainer import main_guarded
 
-    if Switches.from_env().log_device_placement:
+    switches = Switches.from_env()  # this process's environment, read here once and passed on
+    if switches.log_device_placement:
         import tensorflow as tf
 
         tf.debugging.set_log_device_placement(True)
     run_dir = RunDir(args.run_dir)  # the one layout every reader and writer of the run takes its paths from
-    code = main_guarded(run_dir, run_dir.train(), standalone=False, stop=stop)
+    code = main_guarded(run_dir, run_dir.train(), False, TaskEnv.from_env(), switches, stop=stop)
 # Everything is written and flushed by now. Leave without Python's shutdown: ClusterCoordinator's
 # threads may still wait on RPCs to an unreachable worker and would hold the exit for minutes.
 sys.stdout.flush()

@@ -6,7 +6,6 @@ import json
 import sys
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
 
 from chief.tensorboard import TensorBoardLog
@@ -20,13 +19,15 @@ class MetricsLog:
 
     def __init__(
         self,
-        path: Path,
+        run_dir: RunDir,
         resume_step: int,
         examples_per_step: int | None = None,
         learning_rate: Callable[[int], float | None] | None = None,
     ):
-        """`learning_rate(step)`, where given, adds "learning_rate" to every step record."""
-        self.path, self.tensorboard_dir = path, RunDir(path.parent).tensorboard
+        """Into `run_dir`'s metrics.jsonl and tensorboard/; `learning_rate(step)`, where given, adds "learning_rate"
+        to every step record."""
+        path = run_dir.metrics
+        self.path, self.tensorboard_dir = path, run_dir.tensorboard
         self.learning_rate = learning_rate
         history = [r for r in read_records(path) if "step" in r and r["step"] < resume_step]
         tmp = path.with_suffix(".tmp")

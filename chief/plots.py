@@ -16,9 +16,8 @@ Series = tuple[list[int], list[float]]
 FIGSIZE, DPI = (6.4, 3.6), 100  # 640 x 360 pixels
 
 
-def load_records(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def load_records(layout: RunDir) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(step records, eval records) of metrics.jsonl; the "done" line counts as an eval at the last step."""
-    layout = RunDir(run_dir)
     path = layout.metrics
     if not path.exists():
         raise ConfigError(f"pstrain plot: {path} not found; give the --run-dir of a run")
@@ -75,9 +74,8 @@ def gradient_series(steps: list[dict]) -> dict[int, Series]:
     return out
 
 
-def examples_per_step(run_dir: Path) -> int:
+def examples_per_step(layout: RunDir) -> int:
     """The global batch size the run was started with (cluster.json)."""
-    layout = RunDir(run_dir)
     try:
         return int(layout.record()["train"]["global_batch_size"])
     except (OSError, ValueError, KeyError) as e:
@@ -91,7 +89,7 @@ def y_limit(totals: list[float]) -> float | None:
     return 4 * median if median > 0 and ordered[-1] > 8 * median else None
 
 
-def render(run_dir: Path) -> list[Path]:
+def render(layout: RunDir) -> list[Path]:
     """Write the PNGs; returns their paths."""
     import matplotlib
 
@@ -99,8 +97,8 @@ def render(run_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    steps, evals = load_records(run_dir)
-    out_dir = RunDir(run_dir).plots
+    steps, evals = load_records(layout)
+    out_dir = layout.plots
     out_dir.mkdir(exist_ok=True)
     written = []
 
@@ -133,7 +131,7 @@ def render(run_dir: Path) -> list[Path]:
     save(fig, "step_time", "step time by phase" + (" (outliers clipped)" if top else ""), "ms")
 
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    ax.plot(*throughput_series(steps, examples_per_step(run_dir)))
+    ax.plot(*throughput_series(steps, examples_per_step(layout)))
     save(fig, "examples_per_second", "throughput", "examples/s")
 
     fig, ax = plt.subplots(figsize=FIGSIZE)

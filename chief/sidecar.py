@@ -36,15 +36,14 @@ def checkpoints_to_evaluate(directory: Path, seen: set[int]) -> list[tuple[int, 
     return sorted((step, p) for step, p in found if step not in seen)
 
 
-def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[str], None] = print) -> int:
-    """Evaluate every new checkpoint of `run_dir` until the run is done; returns the exit code."""
+def follow(layout: RunDir, timeout_s: float, poll_s: float = 1.0, say: Callable[[str], None] = print) -> int:
+    """Evaluate every new checkpoint of the run in `layout` until the run is done; returns the exit code."""
     deadline = time.monotonic() + timeout_s
-    layout = RunDir(run_dir)
     while not layout.config_record.exists():  # started beside a run that has not begun yet
         if time.monotonic() > deadline:
             from chief.contract.job import JobError
 
-            raise JobError(f"evaluate: {run_dir} is not a pstrain run directory (no cluster.json); give the run's --run-dir")
+            raise JobError(f"evaluate: {layout.path} is not a pstrain run directory (no cluster.json); give the run's --run-dir")
         time.sleep(poll_s)
     train = layout.train()
     job = load_job(train.job)
@@ -52,7 +51,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
     def first_training_examples(n: int):  # the eval set of a job without one
         if job.train_data:
             return rows(checked_arrays(job.spec, "train_data", job.train_data()), slice(0, n))
-        source = train_source(job, RunDir(layout.data))  # its own copy of train_data() arrays (data/data): not the workers'
+        source = train_source(job, layout.evaluator_copy)  # its own copy of train_data() arrays: not the workers'
         return source.first(n)
 
     data = eval_set(job, first_training_examples)
@@ -80,7 +79,7 @@ def follow(run_dir: Path, timeout_s: float, poll_s: float = 1.0, say: Callable[[
                 return 0
             if time.monotonic() > deadline:
                 raise TrainingError(
-                    f"evaluate: {run_dir} has no done line after {timeout_s:g}s ({len(seen)} checkpoints evaluated); "
+                    f"evaluate: {layout.path} has no done line after {timeout_s:g}s ({len(seen)} checkpoints evaluated); "
                     "raise --timeout for a longer run"
                 )
             time.sleep(poll_s)

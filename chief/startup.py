@@ -30,7 +30,7 @@ from cluster.errors import PstrainError, writing
 from cluster.preflight import check_writable
 from cluster.rundir import RunDir, note_start, read_records
 from cluster.stop import StopTrap
-from cluster.taskenv import TaskEnv, wait_until_ready
+from cluster.taskenv import Switches, TaskEnv, wait_until_ready
 from cluster.tfconfig import chief_address, tf_config_text
 
 log = logging.getLogger("pstrain.chief")
@@ -113,10 +113,13 @@ class TrainingRun:
         )
 
 
-def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> TrainingRun:
-    """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint."""
+def start_run(
+    run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap, task_env: TaskEnv, switches: Switches
+) -> TrainingRun:
+    """Load the job, build the engine (the seed's initial weights), restore the latest checkpoint. `task_env`
+    and `switches`: this process's environment, read by its entry point."""
     startup = StartupClock()
-    check_writable(run_dir.path)  # before anything, the restore included: a run that could not save is refused now
+    check_writable(run_dir)  # before anything, the restore included: a run that could not save is refused now
     with writing(run_dir.path):
         note_start(run_dir.path, "chief")  # `done in` counts restarts (cluster/run_times.py)
     starts = read_records(run_dir.starts)  # read now: the run's times, whatever befalls the run dir
@@ -134,7 +137,10 @@ def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopT
     sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
     startup.mark("job and data")
     stop_point(stop)
-    engine = ClusterEngine(job, train, source, sample, joined=joined) if joined else LocalEngine(job, train, source, sample)
+    if standalone:
+        engine: Engine = LocalEngine(job, train, source, sample)
+    else:
+        engine = ClusterEngine(job, train, source, sample, joined=joined, read_ahead=switches.read_ahead)
     startup.mark("build and check the job")
     stop_point(stop)
     agent = None if standalone else start_agent(stop)
@@ -149,7 +155,7 @@ def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopT
         log.info("resumed from %s at step %d", checkpoints.latest, first)
     engine.prepare(first)
     startup.mark("restore and prepare")
-    progress = Progress(train.steps, first, tty=TaskEnv.from_env().tty, epochs=epochs)
+    progress = Progress(train.steps, first, tty=task_env.tty, epochs=epochs)
     run = TrainingRun(
         run_dir,
         train,
@@ -157,7 +163,7 @@ def start_run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopT
         engine,
         checkpoints,
         MetricsLog(
-            run_dir.metrics,
+            run_dir,
             first,
             examples_per_step=train.global_batch_size,
             learning_rate=learning_rate_fn(engine.state.optimizer),

@@ -44,17 +44,18 @@ from cluster.errors import (
 )
 from cluster.rundir import RunDir, latest_checkpoint_step
 from cluster.stop import StopTrap
+from cluster.taskenv import Switches, TaskEnv
 
 log = logging.getLogger("pstrain.chief")
 KEPT: list = []  # the runs, never freed: freeing a cluster run's functions waits on workers that may wait on the ps forever
 
 
-def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap) -> int:
+def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap, task_env: TaskEnv, switches: Switches) -> int:
     """Train to `train.steps` (resuming from the latest checkpoint); returns the exit code. A stop
     (`stop`, entered by the caller as early as it can) ends start-up between its phases, and training
     at the next step boundary with a checkpoint."""
     try:
-        KEPT.append(run := start_run(run_dir, train, standalone, stop))  # `python -m chief` ends by os._exit
+        KEPT.append(run := start_run(run_dir, train, standalone, stop, task_env, switches))  # `python -m chief` ends by os._exit
     except StoppedDuringStartup:
         say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone, run_dir=run_dir)
         return stop.exit_code
@@ -116,18 +117,21 @@ def remove_half_written(run_dir: RunDir) -> None:
         pass
 
 
-def main_guarded(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap | None = None) -> int:
-    """Run, turning user mistakes and training errors into one-line messages and exit codes. `stop`: the
-    caller's stop trap, entered before the imports (else one is entered here)."""
+def main_guarded(
+    run_dir: RunDir, train: TrainConfig, standalone: bool, task_env: TaskEnv, switches: Switches, stop: StopTrap | None = None
+) -> int:
+    """Run, turning user mistakes and training errors into one-line messages and exit codes. `task_env`,
+    `switches`: this process's environment, read once by the entry point; `stop`: the caller's stop trap,
+    entered before the imports (else one is entered here)."""
     if stop is None:
         with StopTrap() as stop:
-            return main_guarded(run_dir, train, standalone, stop)
+            return main_guarded(run_dir, train, standalone, task_env, switches, stop)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     log.setLevel(logging.INFO)
     tf.get_logger().setLevel(logging.WARNING)
     try:
         try:
-            return run(run_dir, train, standalone, stop)
+            return run(run_dir, train, standalone, stop, task_env, switches)
         except tf.errors.UnavailableError as e:
             first = e.message.splitlines()[0] if e.message else "unavailable"
             raise RestartableError(

@@ -29,9 +29,9 @@ from cluster.config import (
 )
 from cluster.control.security import Credentials, load_token
 from cluster.errors import ConfigError, PstrainError, report, signal_exit_code
-from cluster.rundir import default_run_dir
+from cluster.rundir import RunDir, default_run_dir
 from cluster.slurm import PORT_BASE
-from cluster.taskenv import DEFAULT_CONTROL_PORT, Switches
+from cluster.taskenv import DEFAULT_CONTROL_PORT, Switches, TaskEnv
 from cluster.tfconfig import forget_tf_config, named_task_type, tf_config_text
 
 TRAIN_FLAGS = (
@@ -290,11 +290,11 @@ def main(argv: list[str] | None = None) -> int:
 
             target = doctor_target(args)
             chief, creds = (target.address, target.creds) if target else (None, None)
-            return doctor(args.config, chief, creds, args.json, args.run_dir or "")
+            return doctor(args.config, chief, creds, args.json, RunDir(args.run_dir) if args.run_dir else None)
         if args.command == "plot":
             from chief.plots import render
 
-            print("\n".join(f"pstrain: wrote {p}" for p in render(Path(args.run_dir))))
+            print("\n".join(f"pstrain: wrote {p}" for p in render(RunDir(args.run_dir))))
             return 0
         if args.command == "task":
             from cluster.launch.pod import run_task
@@ -356,7 +356,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     with native_stderr_to(logs / "evaluate.log") if logs.is_dir() else nullcontext():  # TensorFlow's C++ lines: the log
         from chief.sidecar import follow
 
-        return follow(args.run_dir, timeout_s=args.timeout, poll_s=args.poll)
+        return follow(RunDir(args.run_dir), timeout_s=args.timeout, poll_s=args.poll)
 
 
 def run_standalone(config: Config) -> int:
@@ -370,16 +370,16 @@ def run_standalone(config: Config) -> int:
     from cluster.runlock import RunDirLock
     from cluster.stop import StopTrap
 
-    run_dir = Path(config.train.run_dir)
+    run_dir = RunDir(config.train.run_dir)  # the run's one layout, passed down from here
     check_writable(run_dir)
     with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
-        layout = rundir.RunDir(run_dir)
-        with writing(run_dir):
-            rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
-        with native_stderr_to(layout.log("standalone")):  # TensorFlow's C++ start-up lines: the log, not the console
+        with writing(run_dir.path):
+            rundir.prepare(run_dir.path, rundir.describe("standalone", config.train, None), config.train)
+        with native_stderr_to(run_dir.log("standalone")):  # TensorFlow's C++ start-up lines: the log, not the console
             from chief.trainer import main_guarded
 
-            return main_guarded(layout, config.train, standalone=True, stop=stop)
+            task_env, switches = TaskEnv.from_env(), Switches.from_env()
+            return main_guarded(run_dir, config.train, True, task_env, switches, stop=stop)
 
 
 if __name__ == "__main__":

@@ -49,31 +49,30 @@ def newest_checkpoint_bytes(checkpoints: Path) -> int:
     return sum(p.stat().st_size for p in checkpoints.glob(prefix + ".*"))
 
 
-def run_dir_paths(run_dir: Path) -> list[Path]:
+def run_dir_paths(layout: RunDir) -> list[Path]:
     """What a run writes: the run dir, its checkpoints/ and logs/, and the export path (saved_model)."""
-    layout = RunDir(run_dir)
     return [layout.path, layout.checkpoints, layout.logs, layout.saved_model]
 
 
-def file_in_the_way(run_dir: Path) -> str:
+def file_in_the_way(run_dir: RunDir) -> str:
     """The one line for a file where the run dir (or one of its directories) goes; "" when there is none."""
     for path in run_dir_paths(run_dir):
         found = existing(path)
         if found.is_dir() or not found.exists():
             continue
-        if found == run_dir:
-            return f"--run-dir: {run_dir} is a file, not a directory; give a directory (a missing one is made)"
+        if found == run_dir.path:
+            return f"--run-dir: {run_dir.path} is a file, not a directory; give a directory (a missing one is made)"
         if found == path:
             return f"--run-dir: {path} is a file where the run keeps a directory; move it away or use another --run-dir"
-        return f"--run-dir: {run_dir} is under {found}, which is a file; give a path whose parents are directories"
+        return f"--run-dir: {run_dir.path} is under {found}, which is a file; give a path whose parents are directories"
     return ""
 
 
-def check_writable(run_dir: Path) -> None:
+def check_writable(run_dir: RunDir) -> None:
     """Refuse (ConfigError, one line) a run dir where a run could not write or has no room."""
     if problem := file_in_the_way(run_dir):
         raise ConfigError(problem)
-    need = max(MIN_FREE_BYTES, newest_checkpoint_bytes(RunDir(run_dir).checkpoints))
+    need = max(MIN_FREE_BYTES, newest_checkpoint_bytes(run_dir.checkpoints))
     for path in dict.fromkeys(existing(p) for p in run_dir_paths(run_dir)):
         problem = write_problem(path)
         if problem is not None:

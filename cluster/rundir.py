@@ -34,9 +34,13 @@ RESULT_FIELDS = (
 
 @dataclass(frozen=True)
 class RunDir:
-    """A run directory: where each file of a run lives, and the files read back."""
+    """A run directory: where each file of a run lives, and the files read back. Made from a path or the
+    config's `train.run_dir` text alike."""
 
     path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
 
     @property
     def config_record(self) -> Path:
@@ -92,6 +96,12 @@ class RunDir:
     def data(self) -> Path:
         """data/: `train_data()` arrays written as .npy files for the workers (worker/input/tables.py)."""
         return self.path / "data"
+
+    @property
+    def evaluator_copy(self) -> RunDir:
+        """A run dir inside data/ for `pstrain evaluate`: its own copy of `train_data()` arrays goes to
+        data/data, apart from the workers' (data/*.npy)."""
+        return RunDir(self.data)
 
     @property
     def lock(self) -> Path:

@@ -63,10 +63,10 @@ def refusal(run_dir: Path, holder: Holder) -> str:
     return f"{run_dir} is in use by {holder.describe()}; stop it ({how}) or use another --run-dir"
 
 
-def read_holder(run_dir: Path) -> Holder | None:
+def read_holder(run_dir: RunDir) -> Holder | None:
     """The live run holding `run_dir` from this machine, or None (no holder, or one that is gone)."""
     try:
-        holder = Holder.parse(RunDir(run_dir).lock.read_text())
+        holder = Holder.parse(run_dir.lock.read_text())
     except OSError:
         return None
     here = socket.gethostname()
@@ -86,8 +86,9 @@ class RunDirLock:
     """`with RunDirLock(run_dir, "pstrain launch") as lock:` ... the run ... ; raises ConfigError
     (exit 2) naming the holder when another live run holds `run_dir`, having written nothing there."""
 
-    def __init__(self, run_dir: Path, command: str, say=print):
-        self.run_dir, self.path, self.say = run_dir, RunDir(run_dir).lock, say
+    def __init__(self, run_dir: RunDir, command: str, say=print):
+        """`run_dir`: the run's layout; `lock.run_dir` is its path, `lock.layout` the layout itself."""
+        self.layout, self.run_dir, self.path, self.say = run_dir, run_dir.path, run_dir.lock, say
         me = psutil.Process()
         self.holder = Holder(socket.gethostname(), me.pid, me.create_time(), command)
         self._fd: int | None = None

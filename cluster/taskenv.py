@@ -4,7 +4,8 @@ cluster.config only, so that every role (chief, ps, worker) may import it.
 
 docs/environment.md lists every variable; `TaskEnv.to_env()` writes those a task is handed,
 `TaskEnv.from_env()` (with `env_token`, `env_control`, `token_in_env`) reads them, `Switches.from_env()`
-reads those a user sets, and nothing else in the product reads them by name (tests/test_owners.py).
+reads those a user sets, `gpu_visibility()` reads CUDA_VISIBLE_DEVICES, and nothing else in the product
+reads them by name (tests/test_owners.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ READ_AHEAD_ENV = "PSTRAIN_READ_AHEAD"
 LOG_PLACEMENT_ENV = "PSTRAIN_LOG_DEVICE_PLACEMENT"
 RUN_DIR_ENV = "PSTRAIN_RUN_DIR"
 DATA_DIR_ENV = "PSTRAIN_DATA_DIR"
+CUDA_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs a task may see: set by the launcher (cluster/task_setup.py gpu_env)
 PR_SET_PDEATHSIG = 1
 
 
@@ -147,6 +149,12 @@ class Switches:
             run_dir=env.get(RUN_DIR_ENV, ""),
             data_dir=Path(env.get(DATA_DIR_ENV, default_data_dir())).expanduser(),
         )
+
+
+def gpu_visibility(env: Mapping[str, str] | None = None) -> str | None:
+    """CUDA_VISIBLE_DEVICES as this process (or `env`) has it: None where unset (every GPU visible), ""
+    where none is. Its only reader (tests/test_owners.py); an entry point reads it and passes it on."""
+    return (os.environ if env is None else env).get(CUDA_ENV)
 
 
 def wait_until_ready(timeout_s: float, stopped: Callable[[], bool] = lambda: False) -> bool:

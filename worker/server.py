@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from cluster.control.agent import Refused, agent_from_env
 from cluster.errors import ConfigError, PstrainError, report
-from cluster.taskenv import TaskEnv, die_with_parent
+from cluster.taskenv import TaskEnv, die_with_parent, gpu_visibility
 from cluster.tfconfig import server_task, tf_config_text
 from worker import tf_runtime
 
@@ -68,7 +68,7 @@ def serve() -> int:
         task_type,
         index,
         os.getpid(),
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        gpu_visibility(),
         devices,
     )
     config = server_config(TaskEnv.from_env())

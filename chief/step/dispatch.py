@@ -30,7 +30,6 @@ from chief.step.engine import StepResult, inspected_replica, slot_positions, val
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import user_error
-from cluster.taskenv import Switches
 from cluster.tfconfig import training_resolver
 from worker.input.readahead import ReadAhead, schedule_order
 from worker.input.sources import Source
@@ -73,11 +72,14 @@ class ClusterEngine:
         resolver=None,
         ps_init_min_bytes: int = PS_INIT_MIN_BYTES,
         joined: tuple | None = None,
+        read_ahead: bool = True,
     ):
         """`source`: the training examples, built again on each worker (worker/input/sources.py); `sample`: one
         example's features; `resolver` names the cluster (default: TF_CONFIG's training tasks);
         variables of at least `ps_init_min_bytes` get their initial values on their ps (chief/state/initial_values.py);
-        `joined`: (strategy, resolver) of the cluster `connect` joined (default: joined here)."""
+        `joined`: (strategy, resolver) of the cluster `connect` joined (default: joined here); `read_ahead`:
+        workers may read a file source's next batch ahead (Switches.read_ahead, PSTRAIN_READ_AHEAD)."""
+        self.read_ahead = read_ahead
         self.train = train
         self.source = source
         same_rounding_everywhere()  # as in the standalone reference
@@ -132,7 +134,7 @@ class ClusterEngine:
             self.source.begin(start_step)
         self._expected = self.source.fingerprint()
         t = self.train
-        reads_ahead = self.source.reads_ahead and Switches.from_env().read_ahead
+        reads_ahead = self.source.reads_ahead and self.read_ahead
         self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if reads_ahead else None
         dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))

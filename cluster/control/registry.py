@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cluster.control.status_row import TaskRow
 from cluster.policy import restart_budget
 from cluster.task import TaskId
 
@@ -160,27 +161,29 @@ class Registry:
             rows = []
             for key in sorted(self.expected, key=TaskId.sort_key):
                 record = self.tasks.get(key)
-                row = {"task": key.name, "address": self.expected[key], **self._budget_row(key)}
+                budget = self._budget_row(key)
                 if record is None:
-                    row.update(state="missing", heartbeat_age_s=-1.0)
+                    row = TaskRow(key.name, "missing", self.expected[key], -1.0, **budget)
                 else:
-                    row.update(
+                    row = TaskRow(
+                        task=key.name,
                         state="lost" if self._lost(record) else record.state,
+                        address=record.address,
+                        heartbeat_age_s=round(now - record.last_seen, 3),
+                        **budget,
                         host=record.address.rpartition(":")[0].strip("[]"),
                         hostname=record.host,
                         pid=record.pid,
-                        address=record.address,
-                        heartbeat_age_s=round(now - record.last_seen, 3),
                         step=chief.step if chief else 0,
                         steps_per_s=round(chief.steps_per_s, 3) if chief else 0.0,
                         gradients=record.gradients,
                         cpu_percent=record.cpu_percent,
                         rss_bytes=record.rss_bytes,
                         gpu_memory_bytes=record.gpu_memory_bytes,
-                        devices=record.devices,
-                        versions=record.versions,
+                        devices=list(record.devices),
+                        versions=dict(record.versions),
                     )
-                rows.append(row)
+                rows.append(row.as_dict())
             return {
                 "state": self.state,
                 "step": chief.step if chief else 0,

@@ -13,6 +13,7 @@ from cluster.control.proto import control_pb2 as pb
 from cluster.control.proto import control_pb2_grpc as pb_grpc
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials, TokenInterceptor, channel, server_credentials
+from cluster.control.status_row import TaskRow
 from cluster.doors import is_unix_target
 from cluster.task import TaskId
 
@@ -109,61 +110,13 @@ def status_message(status: dict) -> pb.StatusReply:
         restart_window_s=status.get("restart_window_s", 0.0),
         step_age_s=status.get("step_age_s", -1.0),
     )
-    for row in status["tasks"]:
-        task_type, _, index = row["task"].partition(":")
-        reply.tasks.append(
-            pb.TaskStatus(
-                task=pb.TaskId(type=task_type, index=int(index)),
-                state=row["state"],
-                host=row.get("host", ""),
-                hostname=row.get("hostname", ""),
-                address=row.get("address", ""),
-                pid=row.get("pid", 0),
-                heartbeat_age_s=row["heartbeat_age_s"],
-                step=row.get("step", 0),
-                steps_per_s=row.get("steps_per_s", 0.0),
-                gradients=row.get("gradients", 0),
-                resources=pb.Resources(
-                    cpu_percent=row.get("cpu_percent", 0.0),
-                    rss_bytes=row.get("rss_bytes", 0),
-                    gpu_memory_bytes=row.get("gpu_memory_bytes", 0),
-                ),
-                devices=row.get("devices", []),
-                versions=pb.Versions(**row.get("versions", {})),
-                restarts=row.get("restarts", 0),
-                restarts_reset_at=row.get("restarts_reset_at", 0.0),
-            )
-        )
+    reply.tasks.extend(TaskRow.from_dict(row).message() for row in status["tasks"])
     return reply
 
 
 def status_dict(reply: pb.StatusReply) -> dict:
     """The inverse of status_message, for `pstrain status --json`."""
-    tasks = []
-    for t in reply.tasks:
-        row = {
-            "task": f"{t.task.type}:{t.task.index}",
-            "state": t.state,
-            "address": t.address,
-            "heartbeat_age_s": t.heartbeat_age_s,
-            "restarts": t.restarts,
-            "restarts_reset_at": t.restarts_reset_at,
-        }
-        if t.state != "missing":
-            row.update(
-                host=t.host,
-                hostname=t.hostname,
-                pid=t.pid,
-                step=t.step,
-                steps_per_s=t.steps_per_s,
-                gradients=t.gradients,
-                cpu_percent=t.resources.cpu_percent,
-                rss_bytes=t.resources.rss_bytes,
-                gpu_memory_bytes=t.resources.gpu_memory_bytes,
-                devices=list(t.devices),
-                versions={"pstrain": t.versions.pstrain, "tensorflow": t.versions.tensorflow, "python": t.versions.python},
-            )
-        tasks.append(row)
+    tasks = [TaskRow.from_message(t).as_dict() for t in reply.tasks]
     return {
         "state": reply.state,
         "step": reply.step,

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cluster.doctor.checks import Gpu, GpuProcess, Probe, Smi
+from cluster.taskenv import CUDA_ENV
 
 SMI_TIMEOUT_S = 20
 PROBE_TIMEOUT_S = 180
@@ -71,10 +72,9 @@ def tf_requirements(dists: dict[str, str]) -> list[str]:
 
 def probe(cuda_visible_devices: str | None, matmul: bool) -> Probe:
     """Run cluster/doctor/probe.py in a process of its own with that CUDA_VISIBLE_DEVICES."""
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env = {k: v for k, v in os.environ.items() if k != CUDA_ENV} | {"TF_USE_LEGACY_KERAS": "1"}
     if cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        env[CUDA_ENV] = cuda_visible_devices
     argv = [sys.executable, "-m", "cluster.doctor.probe"] + (["--matmul"] if matmul else [])
     try:
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)

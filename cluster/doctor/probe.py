@@ -10,11 +10,13 @@ import json
 import os
 import sys
 
+from cluster.taskenv import gpu_visibility
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the doctor's console shows findings, not TF's start-up lines
 
 
 def main() -> int:
-    out: dict = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    out: dict = {"cuda_visible_devices": gpu_visibility()}
     try:
         import tensorflow as tf
 

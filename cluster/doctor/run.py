@@ -12,7 +12,9 @@ import psutil
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts, gpus
 from cluster.doors import check_control_target, is_unix_target
+from cluster.rundir import RunDir
 from cluster.task_setup import cluster_spec
+from cluster.taskenv import gpu_visibility
 from cluster.tfconfig import tf_config_text
 
 ANY_GPU = 1 << 20  # resolve explicit worker_gpus as given; the doctor itself says which index is missing
@@ -29,7 +31,7 @@ def machine_checks(config_file: str | None) -> list[checks.Check]:
         config_found, probes = [checks.Check("FAIL", "config", str(e), "fix the config file")], {}
     # The build info comes from a worker's probe where one ran, else from a probe of its own.
     any_probe = next(iter(probes.values()), None)
-    build = (any_probe if any_probe and any_probe.build else facts.probe(os.environ.get("CUDA_VISIBLE_DEVICES"), False)).build
+    build = (any_probe if any_probe and any_probe.build else facts.probe(gpu_visibility(), False)).build
     out = checks.tensorflow_wheel(dists, build, smi)
     out += checks.cuda_libraries(requirements, dists, build, smi)
     out += checks.driver(smi, checks.cuda_major(build, requirements))
@@ -99,15 +101,14 @@ def cluster_checks(chief: str, creds) -> list[checks.Check]:
     )
 
 
-def run_doors(run_dir: Path) -> list[checks.Check]:
+def run_doors(run_dir: RunDir) -> list[checks.Check]:
     """`--run-dir`: every listening socket of the run's processes (the lock's holder and its
     descendants), read in each process's own network namespace, and who reaches it."""
     from cluster.doctor.listeners import listeners
-    from cluster.rundir import RunDir
     from cluster.runlock import read_holder
 
     holder = read_holder(run_dir)
-    record = RunDir(run_dir).config_record
+    record = run_dir.config_record
     control = json.loads(record.read_text()).get("control") or "" if record.exists() else ""
     pids = []
     if holder is not None and psutil.pid_exists(holder.pid):
@@ -121,12 +122,12 @@ def run_doors(run_dir: Path) -> list[checks.Check]:
     return checks.doors(found, control)
 
 
-def doctor(config_file: str | None, chief: str | None, creds, as_json: bool, run_dir: str = "") -> int:
+def doctor(config_file: str | None, chief: str | None, creds, as_json: bool, run_dir: RunDir | None = None) -> int:
     found = machine_checks(config_file)
     if chief:
         found += cluster_checks(chief, creds)
     if run_dir:
-        found += run_doors(Path(run_dir))
+        found += run_doors(run_dir)
     if as_json:
         print(json.dumps([c.as_dict() for c in found], indent=2))
     else:

@@ -11,7 +11,6 @@ import socket
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from cluster import rundir
 from cluster.config import ClusterConfig, Config, is_local_host, parse_address
@@ -71,11 +70,11 @@ def assignment_for(cluster: ClusterConfig, registry: Registry):
     return assign
 
 
-def token_hint(cluster: ClusterConfig, run_dir: Path, creds: Credentials) -> str:
+def token_hint(cluster: ClusterConfig, run_dir: rundir.RunDir, creds: Credentials) -> str:
     """Where `pstrain status` finds the token; a generated token is written to RUN_DIR/control.token."""
     if cluster.token_file or token_in_env():
         return cluster.token_file
-    path = rundir.RunDir(run_dir).control_token
+    path = run_dir.control_token
     rundir.write_secret(path, creds.token)
     return str(path)
 
@@ -92,12 +91,12 @@ def client_target(control: str) -> str:
 
 
 def control_record(
-    cluster: ClusterConfig, run_dir: Path, token_file: str, creds: Credentials, engine: str
+    cluster: ClusterConfig, run_dir: rundir.RunDir, token_file: str, creds: Credentials, engine: str
 ) -> rundir.ControlRecord:
     """control.json of this launch: where a client calls (`client_target`), the token's file (the run
     dir's own by its name there, another one absolute; "" for $PSTRAIN_TOKEN) and the CA, absolute."""
-    own = token_file == str(rundir.RunDir(run_dir).control_token)
-    token = (os.path.relpath(token_file, run_dir) if own else os.path.abspath(token_file)) if token_file else ""
+    own = token_file == str(run_dir.control_token)
+    token = (os.path.relpath(token_file, run_dir.path) if own else os.path.abspath(token_file)) if token_file else ""
     ca = os.path.abspath(creds.trusted_ca) if creds.trusted_ca else ""
     return rundir.ControlRecord(client_target(cluster.control), engine, token, ca, socket.gethostname(), os.getpid())
 
@@ -113,12 +112,13 @@ def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, cont
     train, local = config.train, local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
-    check_writable(Path(train.run_dir))  # before any task starts
+    layout = rundir.RunDir(train.run_dir)  # the run's one layout, passed down from here
+    check_writable(layout)  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
-    with StopTrap() as stop, RunDirLock(Path(train.run_dir), "pstrain launch") as lock:  # before anything is written there
+    with StopTrap() as stop, RunDirLock(layout, "pstrain launch") as lock:  # before anything is written there
         with closed(cluster, local_tasks, lock.run_dir, ports_here(cluster, local, local_tasks), where) as doors:
             say(doors.line, warning=doors.open)
-            supervisor = Supervisor(rundir.RunDir(lock.run_dir).logs, doors.network)
+            supervisor = Supervisor(lock.layout.logs, doors.network)
             return launch_locked(
                 config, doors.cluster, creds, lock, local, local_tasks, control_bind, stop, supervisor, ENGINE_OF.get(where, "")
             )
@@ -141,9 +141,9 @@ def launch_locked(
     train, run_dir = config.train, lock.run_dir
     with writing(run_dir):
         rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
-        hint = token_hint(cluster, run_dir, creds)
-        rundir.RunDir(run_dir).stop_cause.unlink(missing_ok=True)  # a killed launch's
-    supervisor = supervisor or Supervisor(rundir.RunDir(run_dir).logs)
+        hint = token_hint(cluster, lock.layout, creds)
+        lock.layout.stop_cause.unlink(missing_ok=True)  # a killed launch's
+    supervisor = supervisor or Supervisor(lock.layout.logs)
     registry = Registry(
         expected_tasks(cluster),
         local_versions(),
@@ -155,7 +155,7 @@ def launch_locked(
     server, record = None, None
     try:
         server = serve_control_plane(cluster, registry, creds, stop, control_bind)
-        record = control_record(cluster, run_dir, hint, creds, engine or cluster.engine)
+        record = control_record(cluster, lock.layout, hint, creds, engine or cluster.engine)
         with writing(run_dir):
             rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
             lock.set_control(str(run_dir))
@@ -164,7 +164,7 @@ def launch_locked(
         servers = start_local_servers(supervisor, cluster, local, env, local_tasks)
         # The chief starts with the servers: it imports TensorFlow and loads the job while they
         # start, and connects once the ready file says every one of them registered.
-        ready = rundir.RunDir(run_dir).logs / f"cluster-ready-{os.getpid()}"
+        ready = lock.layout.logs / f"cluster-ready-{os.getpid()}"
         ready.unlink(missing_ok=True)
         chief_env = {**env, **TaskEnv(ready_file=str(ready), tty=sys.stdout.isatty()).to_env()}
         chief_argv = python_module("chief", "--run-dir", str(run_dir))
@@ -188,7 +188,7 @@ def launch_locked(
         if record is not None:
             rundir.remove_control(run_dir, record)
         with contextlib.suppress(OSError):
-            rundir.RunDir(run_dir).stop_cause.unlink(missing_ok=True)
+            lock.layout.stop_cause.unlink(missing_ok=True)
 
 
 def serve_control_plane(cluster: ClusterConfig, registry: Registry, creds: Credentials, stop: StopTrap, bind: str = ""):

@@ -157,9 +157,9 @@ def launcher_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith("GRPC_")}
 
 
-def place(ray: Any, hosts: dict, run_dir: Path, timeout: float, stop: StopTrap) -> dict[TaskId, Placed] | None:
+def place(ray: Any, hosts: dict, run_dir: rundir.RunDir, timeout: float, stop: StopTrap) -> dict[TaskId, Placed] | None:
     """Where each actor runs; refuses a run dir that a node cannot read (it must be shared)."""
-    probe = rundir.RunDir(run_dir).logs / f".ray-shared-{os.getpid()}"
+    probe = run_dir.logs / f".ray-shared-{os.getpid()}"
     content = secrets.token_hex(8)
     probe.write_text(content)
     try:
@@ -176,7 +176,7 @@ def place(ray: Any, hosts: dict, run_dir: Path, timeout: float, stop: StopTrap) 
     unshared = unshared_nodes({placed[t].host: ok for t, ok in zip(tasks, seen, strict=True)})
     if unshared:
         raise ConfigError(
-            f"train.run_dir: {run_dir} is not shared with the Ray node(s) {', '.join(unshared)}; "
+            f"train.run_dir: {run_dir.path} is not shared with the Ray node(s) {', '.join(unshared)}; "
             "give a path on a file system every node mounts at the same place"
         )
     return placed
@@ -187,13 +187,14 @@ def launch_ray(config: Config) -> int:
     cluster = config.cluster
     check_counts_only(cluster)
     config = with_train(config, run_dir=str(Path(config.train.run_dir).resolve()))  # the same path on every node
-    check_writable(Path(config.train.run_dir))  # before Ray places anything, as `launch` checks
+    layout = rundir.RunDir(config.train.run_dir)  # the run's one layout, passed down from here
+    check_writable(layout)  # before Ray places anything, as `launch` checks
     ray = import_ray(cluster.ray_address)
     tasks = tasks_of(cluster)
     with StopTrap() as stop:
         connect(ray, cluster, len(tasks), stop)
         try:
-            with RunDirLock(Path(config.train.run_dir), "pstrain launch") as lock:
+            with RunDirLock(layout, "pstrain launch") as lock:
                 return run_placements(ray, config, lock, stop)
         finally:
             ray.shutdown()  # a local Ray that this driver started stops with it
@@ -208,7 +209,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
     group = reserve(ray, wanted, train.startup_timeout, stop)
     if group is None:
         return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
-    logs = rundir.RunDir(lock.run_dir).logs
+    logs = lock.layout.logs
     logs.mkdir(parents=True, exist_ok=True)
     creds = credentials(cluster, generate=True)
     from ray.util.placement_group import remove_placement_group
@@ -217,7 +218,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
         for placement in range(cluster.max_restarts + 1):
             hosts = start_hosts(ray, group, wanted, tasks_of(cluster), gpus, logs)
             try:
-                placed = place(ray, hosts, lock.run_dir, train.startup_timeout, stop)
+                placed = place(ray, hosts, lock.layout, train.startup_timeout, stop)
                 if placed is None:
                     return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
                 here = ray.util.get_node_ip_address()

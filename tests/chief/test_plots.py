@@ -8,6 +8,7 @@ import pytest
 
 from chief.plots import gradient_series, load_records, loss_series, phase_series, throughput_series, y_limit
 from cluster.errors import ConfigError
+from cluster.rundir import RunDir
 
 pytestmark = pytest.mark.pure
 
@@ -22,17 +23,17 @@ def record(step, seconds=0.1, workers=(0, 1), timing=None):
 def test_load_records_turns_the_done_line_into_a_final_eval_point(tmp_path):
     lines = [record(0), record(1), {"event": "eval", "step": 2, "loss": 0.7}, {"event": "done", "steps": 2, "eval_loss": 0.5}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + '\n{"step": 2, "lo')
-    steps, evals = load_records(tmp_path)
+    steps, evals = load_records(RunDir(tmp_path))
     assert [r["step"] for r in steps] == [0, 1]  # the line cut short is skipped
     assert loss_series(steps, evals) == {"train": ([0, 1], [1.0, 0.5]), "eval": ([2, 2], [0.7, 0.5])}
 
 
 def test_load_records_says_what_is_missing(tmp_path):
     with pytest.raises(ConfigError, match="metrics.jsonl not found"):
-        load_records(tmp_path)
+        load_records(RunDir(tmp_path))
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ConfigError, match="no step records"):
-        load_records(tmp_path)
+        load_records(RunDir(tmp_path))
 
 
 def test_phases_stack_to_the_step_time():

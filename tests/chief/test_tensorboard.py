@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from chief.metrics import MetricsLog
 from chief.tensorboard import eval_scalars, train_scalars
+from cluster.rundir import RunDir
 
 pytestmark = pytest.mark.pure
 
@@ -55,12 +56,12 @@ def test_eval_scalars_take_any_numeric_field_of_eval_and_done_records():
 def test_resume_leaves_one_curve_with_the_new_values(tmp_path):
     """Steps 0..19 written, then a resume from step 10 rewrites 10..14: TensorBoard sees 0..14 once each."""
     path = tmp_path / "metrics.jsonl"
-    first = MetricsLog(path, resume_step=0, examples_per_step=64)
+    first = MetricsLog(RunDir(path.parent), resume_step=0, examples_per_step=64)
     for step in range(20):
         first.write(step_record(step, loss=1.0))
     first.write({"event": "eval", "step": 20, "loss": 0.9, "accuracy": 0.5})
     first.close()
-    second = MetricsLog(path, resume_step=10, examples_per_step=64)
+    second = MetricsLog(RunDir(path.parent), resume_step=10, examples_per_step=64)
     for step in range(10, 15):
         second.write(step_record(step, loss=2.0, workers=(1,)))
     second.write({"event": "done", "steps": 15, "eval_loss": 0.4, "eval_accuracy": 0.8, "wall_seconds": 1.0})
@@ -90,7 +91,7 @@ def test_learning_rate_of_fixed_rates_and_schedules():
 
 
 def test_learning_rate_joins_the_step_record(tmp_path):
-    log = MetricsLog(tmp_path / "metrics.jsonl", 0, examples_per_step=64, learning_rate=lambda step: 0.1 / (step + 1))
+    log = MetricsLog(RunDir(tmp_path), 0, examples_per_step=64, learning_rate=lambda step: 0.1 / (step + 1))
     for step in range(3):
         log.write(step_record(step, 1.0))
     log.close()
@@ -101,21 +102,21 @@ def test_a_tail_cut_short_by_a_crash_is_dropped_on_resume(tmp_path):
     from chief.tensorboard import read_events
 
     path = tmp_path / "metrics.jsonl"
-    first = MetricsLog(path, resume_step=0, examples_per_step=64)
+    first = MetricsLog(RunDir(path.parent), resume_step=0, examples_per_step=64)
     for step in range(6):
         first.write(step_record(step, loss=1.0))
     first.close()
     (events_file,) = (tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*")
     events_file.write_bytes(events_file.read_bytes()[:-7])  # the last record half written
     assert read_events(events_file.read_bytes())[1] is False
-    MetricsLog(path, resume_step=4, examples_per_step=64).close()
+    MetricsLog(RunDir(path.parent), resume_step=4, examples_per_step=64).close()
     events, clean = read_events(events_file.read_bytes())
     assert clean and sorted({e.step for e in events if e.HasField("summary")}) == [0, 1, 2, 3]
 
 
 def test_flush_puts_every_step_on_disk_while_the_run_goes_on(tmp_path):
     """What the trainer calls at each checkpoint: the events so far are readable before close()."""
-    log = MetricsLog(tmp_path / "metrics.jsonl", 0, examples_per_step=64)
+    log = MetricsLog(RunDir(tmp_path), 0, examples_per_step=64)
     for step in range(5):
         log.write(step_record(step, 1.0))
     log.flush()

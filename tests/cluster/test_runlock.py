@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.errors import ConfigError
+from cluster.rundir import RunDir
 from cluster.runlock import LOCK_NAME, Holder, RunDirLock, is_stale, refusal
 from tests.helpers import ROOT, run_pstrain
 from tests.system.test_bad_input import assert_one_line_error
@@ -48,8 +49,8 @@ def test_refusal_names_the_holder_and_how_to_stop_it():
 def hold(run_dir: Path) -> subprocess.Popen:
     """Another process holding `run_dir` as a launcher would (the run dir whose control.json names its control plane)."""
     code = (
-        "import sys, time; from pathlib import Path; from cluster.runlock import RunDirLock\n"
-        f"with RunDirLock(Path({str(run_dir)!r}), 'pstrain launch') as lock:\n"
+        "import sys, time; from cluster.rundir import RunDir; from cluster.runlock import RunDirLock\n"
+        f"with RunDirLock(RunDir({str(run_dir)!r}), 'pstrain launch') as lock:\n"
         f"    lock.set_control({str(run_dir)!r}); print('held', flush=True); time.sleep(120)\n"
     )
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -83,14 +84,14 @@ def test_a_dead_holders_lock_is_taken_over_saying_so(tmp_path):
     holder.wait()
     assert (run_dir / LOCK_NAME).exists()
     said: list[str] = []
-    with RunDirLock(run_dir, "pstrain train --standalone", say=said.append):
+    with RunDirLock(RunDir(run_dir), "pstrain train --standalone", say=said.append):
         assert len(said) == 1 and said[0].startswith(
             f"pstrain: warning: taking over {run_dir} from pstrain launch pid {holder.pid}"
         )
         assert said[0].endswith("which is no longer running")
         assert Holder.parse((run_dir / LOCK_NAME).read_text()).pid == os.getpid()
         with pytest.raises(ConfigError, match=f"in use by pstrain train --standalone pid {os.getpid()}"):
-            RunDirLock(run_dir, "pstrain launch").__enter__()  # a second holder in the same process is refused too
+            RunDirLock(RunDir(run_dir), "pstrain launch").__enter__()  # a second holder in the same process is refused too
     assert not (run_dir / LOCK_NAME).exists(), "released at exit"
 
 
@@ -99,4 +100,4 @@ def test_a_lock_recorded_by_another_machine_is_believed(tmp_path):
     """On a network file system another machine's flock may not be seen here: its record is enough."""
     (tmp_path / LOCK_NAME).write_text('{"host": "elsewhere", "pid": 7, "create_time": 1.0, "command": "pstrain launch"}')
     with pytest.raises(ConfigError, match=f"pid 7 on host elsewhere .* delete {tmp_path / LOCK_NAME}"):
-        RunDirLock(tmp_path, "pstrain launch").__enter__()
+        RunDirLock(RunDir(tmp_path), "pstrain launch").__enter__()

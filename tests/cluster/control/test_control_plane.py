@@ -21,6 +21,7 @@ from cluster.control.security import Credentials
 from cluster.control.service import ControlService, serve, status_dict, status_message, stub
 from cluster.doctor.listeners import listeners, parse_table
 from cluster.doctor.run import run_doors
+from cluster.rundir import RunDir
 from cluster.runlock import read_holder
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, run_pstrain
@@ -193,11 +194,11 @@ def test_live_status_wrong_token_and_lost_worker(tmp_path):
             pids = [row["pid"] for row in status["tasks"]]
             # Where the doors are while it trains: no socket of any task in this (the user's) namespace,
             # every TF server listening in the run's private one (seen through /proc/PID/net).
-            run = {*pids, read_holder(run_dir).pid}  # the tasks and the launcher (the run dir lock's holder)
+            run = {*pids, read_holder(RunDir(run_dir)).pid}  # the tasks and the launcher (the run dir lock's holder)
             seen["host_view"] = listening_here(run)
             seen["inside"] = {(x.pid, x.private) for x in listeners(pids)}
             seen["tasks_pids"] = set(pids)
-            seen["doctor"] = [(c.level, c.message) for c in run_doors(run_dir)]
+            seen["doctor"] = [(c.level, c.message) for c in run_doors(RunDir(run_dir))]
             bad = tmp_path / "bad.token"
             bad.write_text("not-the-token\n")
             seen["refused"] = status_json(control, bad)
