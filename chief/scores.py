@@ -53,9 +53,10 @@ def evaluate(job: Job, model, data: EvalSet, batch: int = 1024) -> dict[str, flo
             if reduction == tf_keras.losses.Reduction.SUM:
                 sums += float(value)
             elif count is not None:  # a mean over a masked output's unmasked positions: over the whole set's
-                masked.setdefault(i, [0.0, 0.0])
-                masked[i][0] += float(value) * float(count)
-                masked[i][1] += float(count)
+                if float(count):  # a batch with every position masked adds none (tf_keras's mean of it is NaN)
+                    masked.setdefault(i, [0.0, 0.0])
+                    masked[i][0] += float(value) * float(count)
+                    masked[i][1] += float(count)
             else:
                 means += float(value) * n
         own += float(own_losses) * n

@@ -55,7 +55,9 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap, t
     (`stop`, entered by the caller as early as it can) ends start-up between its phases, and training
     at the next step boundary with a checkpoint."""
     try:
-        KEPT.append(run := start_run(run_dir, train, standalone, stop, task_env, switches))  # `python -m chief` ends by os._exit
+        run = start_run(run_dir, train, standalone, stop, task_env, switches)
+        if not standalone:
+            KEPT.append(run)  # `python -m chief` ends by os._exit
     except StoppedDuringStartup:
         say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone, run_dir=run_dir)
         return stop.exit_code

@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             from worker.server import serve
 
             return serve()
+        if args.command in ("status", "stop", "doctor") and args.run_dir:
+            args.run_dir = RunDir(args.run_dir)  # the run's one layout, for the control plane's client and the doctor
         if args.command in ("status", "stop"):
             from cluster.control.client import control_call
 
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
             target = doctor_target(args)
             chief, creds = (target.address, target.creds) if target else (None, None)
-            return doctor(args.config, chief, creds, args.json, RunDir(args.run_dir) if args.run_dir else None)
+            return doctor(args.config, chief, creds, args.json, args.run_dir or None)
         if args.command == "plot":
             from chief.plots import render
 

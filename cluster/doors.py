@@ -68,14 +68,6 @@ def open_line() -> str:
     )
 
 
-def remote_line() -> str:
-    return (
-        "TF ports open to the network: tasks on other machines (or Ray) cannot share a private "
-        "namespace, and each TensorFlow server listens on all interfaces of its host without "
-        "authentication; keep the cluster on a private network (README: Security)"
-    )
-
-
 def refusal(reason: str) -> str:
     """The one-line refusal where a local cluster cannot be closed."""
     return (

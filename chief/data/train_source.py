@@ -3,6 +3,7 @@ arrays), and one line for a data error raised in a worker's closure (`explain_wo
 
 from __future__ import annotations
 
+import logging
 import re
 
 import tensorflow as tf
@@ -13,6 +14,8 @@ from worker.input.datasets import DatasetSource
 from worker.input.sources import MISMATCH_TAG, DataError
 from worker.input.streams import StreamSource
 from worker.input.tables import TableSource
+
+log = logging.getLogger("pstrain.chief")
 
 
 def train_source(job, run_dir: RunDir | None, train=None):
@@ -25,6 +28,11 @@ def train_source(job, run_dir: RunDir | None, train=None):
         if probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe):
             return DatasetSource(job.train_dataset, what)
         slots = (train.slot_batch_size, train.total_num_replicas) if train else (0, 0)
+        log.info(
+            "%s is read as a stream, in the pipeline's own order (a shuffle, a random map, a table or variable "
+            "in a map, or no known size: docs/data.md); pstrain does not shuffle it: shuffle with a seed in it",
+            what,
+        )
         return StreamSource(job.train_dataset, what, run_dir.stream_record if train and run_dir else None, *slots)
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")

@@ -8,7 +8,6 @@ import socket
 import time
 from argparse import Namespace
 from dataclasses import dataclass
-from pathlib import Path
 
 from cluster.config import ConfigError
 from cluster.control.security import Credentials, load_token
@@ -22,10 +21,10 @@ class Target:
 
     address: str  # "HOST:PORT" or "unix:PATH"
     creds: Credentials
-    run_dir: Path | None = None
+    run_dir: RunDir | None = None
 
 
-def record_credentials(record: ControlRecord, run_dir: Path, token_file: str, tls_ca: str) -> Credentials:
+def record_credentials(record: ControlRecord, run_dir: RunDir, token_file: str, tls_ca: str) -> Credentials:
     """The credentials for a run's control plane: flags win, then what control.json names (a relative
     token file: in the run dir)."""
     if not (token_file or record.token_file):
@@ -36,12 +35,13 @@ def record_credentials(record: ControlRecord, run_dir: Path, token_file: str, tl
                 "--token-file: the run's token came from $PSTRAIN_TOKEN in the shell that launched it; "
                 "set PSTRAIN_TOKEN to it here, or pass --token-file"
             ) from None
-    return Credentials(load_token(token_file or str(RunDir(run_dir).token_file(record))), tls_ca=tls_ca or record.tls_ca)
+    return Credentials(load_token(token_file or str(run_dir.token_file(record))), tls_ca=tls_ca or record.tls_ca)
 
 
 def target_of(args: Namespace) -> Target:
     """Where `--run-dir DIR` (its control.json) or `--chief HOST:PORT` (with --token-file or
-    $PSTRAIN_TOKEN) says the control plane is; ConfigError (one line) unless exactly one is given."""
+    $PSTRAIN_TOKEN) says the control plane is; ConfigError (one line) unless exactly one is given.
+    `args.run_dir`: the RunDir the command line built, or None."""
     run_dir, chief = getattr(args, "run_dir", None), getattr(args, "chief", None)
     if run_dir and chief:
         raise ConfigError(f"pstrain {args.command}: give --run-dir DIR or --chief HOST:PORT, not both")
@@ -50,9 +50,9 @@ def target_of(args: Namespace) -> Target:
             f"pstrain {args.command}: give --run-dir DIR (the run's directory), or --chief HOST:PORT with --token-file"
         )
     if run_dir:
-        record = read_control(Path(run_dir))
-        creds = record_credentials(record, Path(run_dir), args.token_file, args.tls_ca)
-        return Target(record.target, creds, Path(run_dir))
+        record = read_control(run_dir.path)
+        creds = record_credentials(record, run_dir, args.token_file, args.tls_ca)
+        return Target(record.target, creds, run_dir)
     check_control_target("--chief", chief)
     return Target(chief, Credentials(load_token(args.token_file), tls_ca=args.tls_ca))
 
@@ -65,11 +65,11 @@ def doctor_target(args: Namespace) -> Target | None:
     return target_of(args) if args.run_dir else None
 
 
-def freshest_step(status: dict, run_dir: Path | None, now: float | None = None) -> dict:
+def freshest_step(status: dict, run_dir: RunDir | None, now: float | None = None) -> dict:
     """`status` with its step the newest known: the chief's report, or the run's metrics.jsonl where
     that has a later step; `step_age_s` says how old it is (-1: unknown). Pure but for the file read."""
     now = time.time() if now is None else now
-    found = latest_step(run_dir) if run_dir else None
+    found = latest_step(run_dir.path) if run_dir else None
     if found and found[0] > status.get("step", 0):
         return {**status, "step": found[0], "step_age_s": round(max(0.0, now - found[1]), 3), "step_from": "metrics.jsonl"}
     return status

@@ -158,7 +158,7 @@ def launch_locked(
         record = control_record(cluster, lock.layout, hint, creds, engine or cluster.engine)
         with writing(run_dir):
             rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
-            lock.set_control(str(run_dir))
+            lock.set_control(str(run_dir.absolute()))  # the refusal's `pstrain stop --run-dir`, from anywhere
         say(f"control plane at {cluster.control}; watch it with: pstrain status --run-dir {run_dir}")
         env = control_env(replace(config, cluster=cluster), creds)
         servers = start_local_servers(supervisor, cluster, local, env, local_tasks)

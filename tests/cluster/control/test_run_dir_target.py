@@ -84,10 +84,10 @@ def test_the_shown_step_is_the_newest_known_and_says_how_old_it_is(tmp_path):
     lines = [{"step": s, "loss": 1.0, "time": 1000.0 + s} for s in range(449)]
     rundir.RunDir(tmp_path).metrics.write_text("".join(json.dumps(r) + "\n" for r in lines))
     status = {"state": "training", "step": 129, "step_age_s": 0.5, "total_steps": 1000, "tasks": []}
-    newer = freshest_step(status, tmp_path, now=1000.0 + 448 + 2.5)
+    newer = freshest_step(status, rundir.RunDir(tmp_path), now=1000.0 + 448 + 2.5)
     assert newer["step"] == 449 and newer["step_age_s"] == 2.5 and newer["step_from"] == "metrics.jsonl"
     assert format_status(newer).splitlines()[0] == "cluster training, step 449/1000 (2.5s old, from metrics.jsonl)"
-    assert freshest_step({**status, "step": 449}, tmp_path, now=2000.0)["step_age_s"] == 0.5
+    assert freshest_step({**status, "step": 449}, rundir.RunDir(tmp_path), now=2000.0)["step_age_s"] == 0.5
     assert format_status({**status, "step_age_s": -1.0}).splitlines()[0] == "cluster training, step 129/1000"
 
 
