@@ -18,14 +18,9 @@ from worker.input.readahead import ReadAhead
 from worker.input.sources import READ_PARALLELISM, Nest, Source, digest, sample_positions
 
 
-def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor, first_alone: bool = False) -> Nest:
+def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
     """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch
-    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to).
-
-    The first read of a dataset must be `first_alone` (see `instantiate_maps`); later reads may not."""
-    if first_alone:
-        with tf.control_dependencies(tf.nest.flatten(instantiate_maps(dataset, indices[0]))):
-            return read_positions(dataset, tf.identity(indices))
+    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to)."""
     n = indices.shape[0]
     reads = tf.data.Dataset.from_tensor_slices(indices).map(
         lambda i: tf.data.experimental.at(dataset, i), num_parallel_calls=READ_PARALLELISM, deterministic=True
@@ -33,18 +28,6 @@ def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor, first_alone: bo
     if n is not None:  # exactly n elements: one full batch, with its size in the static shape
         return reads.batch(n, drop_remainder=True).get_single_element()
     return reads.batch(tf.size(indices, out_type=tf.int64)).get_single_element()
-
-
-def instantiate_maps(dataset: tf.data.Dataset, index) -> Nest:
-    """Element `index` read alone (TF ops, or eager values): the first read of a dataset, before any
-    parallel one. TF's `MapDataset::Get` (the random access behind `tf.data.experimental.at`; TF 2.21,
-    core/kernels/data/map_dataset_op.cc) instantiates the map's function on the first read and keeps
-    it, with no lock (`ParallelMapDataset` takes a `call_once`): two first reads at once each
-    instantiate it, and the one replaced is freed while its thread runs it. A map that captures a
-    lookup table (a StringLookup in the map, TF's ParameterServerStrategy tutorial) instantiates slowly
-    enough for that to happen on most runs: garbage return dtypes ("Expected type INVALID for return
-    value 0"), "Tried to remove non-existent function", SIGSEGV or SIGABRT (std::bad_function_call)."""
-    return tf.data.experimental.at(dataset, index)
 
 
 _SHAPES = re.compile(r"First element had shape (\[[^\]]*\]) and element (\d+) had shape (\[[^\]]*\])")
@@ -169,10 +152,7 @@ class DatasetSource(Source):
         """The dataset in this process, made again once the process has joined a cluster (its devices change)."""
         space = context.context().host_address_space()
         if self._local is None or self._local[0] != space:
-            dataset = self.made(self.make, self.what)
-            if int(dataset.cardinality().numpy()) > 0:
-                instantiate_maps(dataset, 0)  # eagerly: the functions are this context's, for every later read
-            self._local = (space, dataset)
+            self._local = (space, self.made(self.make, self.what))
         return self._local[1]
 
     def read_local(self, indices: np.ndarray) -> Nest:
@@ -196,7 +176,7 @@ class DatasetSource(Source):
         def fingerprint(_):
             cardinality = dataset.cardinality()
             safe = tf.minimum(positions, tf.maximum(cardinality - 1, 0))
-            return cardinality, digest(read_positions(dataset, safe, first_alone=True))  # the first read here
+            return cardinality, digest(read_positions(dataset, safe))
 
         checks = tf.data.Dataset.range(1).map(fingerprint).cache().repeat()
         parts = (checks, tf.data.Dataset.from_tensors(dataset).repeat())
