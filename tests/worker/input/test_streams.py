@@ -83,7 +83,7 @@ def test_an_order_that_is_not_fixed_and_a_pipeline_shorter_than_a_batch_are_refu
 
 
 class FilteredJob:
-    model_fn = staticmethod(lambda: tf.keras.Sequential())  # unused here
+    model_fn = staticmethod(lambda: tf_keras.Sequential())  # unused here
     loss_fn = staticmethod(lambda *a: None)
     optimizer_fn = staticmethod(lambda: tf_keras.optimizers.legacy.SGD(0.1))
     train_dataset = staticmethod(filtered)
