@@ -135,7 +135,8 @@ def test_text_features_resumed_cluster_run_equals_standalone(tmp_path):
     features = digits_text.eval_data()[0]
     assert_same_model(run_dir, reference, features)  # served from each run's SavedModel, fed strings
     accuracy = np.mean(predictions(run_dir, features).argmax(axis=1) == digits_text.eval_data()[1])
-    assert accuracy > 0.3 and metrics(run_dir)[1]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    # eval_accuracy is Keras's own accuracy metric, as model.evaluate reports it: a float32 mean
+    assert accuracy > 0.3 and metrics(run_dir)[1]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
 def test_backup_workers_with_png_files(tmp_path, data_env):
