@@ -27,9 +27,10 @@ from chief.state.model_state import allow_loss_scaling_under_ps, build_state, tr
 from chief.state.sharding import partitioner
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
+from chief.step.hybrid import DenseCopies, refuse
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
-from cluster.errors import user_error
+from cluster.errors import TrainingError, user_error
 from cluster.tfconfig import training_resolver
 from worker.input.readahead import ReadAhead, schedule_order
 from worker.input.sources import Source
@@ -100,6 +101,10 @@ class ClusterEngine:
         self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
         self.names = value_names(self.replica)
+        self.dense: DenseCopies | None = None  # train.dense = "allreduce": the workers' copies (chief/step/hybrid.py)
+        if train.dense == "allreduce":
+            refuse(job, train, self.replica, len(self.workers))
+            self.names = [name for name, rows in zip(self.names, [True, *self.sparse], strict=False) if rows]
         self._fetchers = futures.ThreadPoolExecutor(max_workers=2 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
         self._finished: list[int] = []  # the last block's slots in the order their closures finished
@@ -113,12 +118,15 @@ class ClusterEngine:
             tables = {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
             log.info("row-sparse gradients (only touched rows move): %s", ", ".join(sorted(tables)))
         device = self.state.global_step.device
+        if self.train.dense == "allreduce" and self.dense is None:  # the copies start from the ps's values
+            self.dense = DenseCopies(self.strategy, self.job, self.state, self.replica, "/job:worker/replica:0/task:0")
+        kept = [i for i, rows in enumerate(self.sparse) if rows or self.dense is None]  # pushed to the ps
         self.aggregator = SyncReplicasAggregator(
-            [self.loss, *variables, *self.replica.state_variables],
+            [self.loss, *(variables[i] for i in kept), *self.replica.state_variables],
             required=self.train.replicas_to_aggregate,
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
-            sparse=[False, *self.sparse, *[False] * len(self.replica.state_variables)],
+            sparse=[False, *(self.sparse[i] for i in kept), *[False] * len(self.replica.state_variables)],
             arrivals_device=device,
         )
         self.gate = StepGate(device)
@@ -149,6 +157,7 @@ class ClusterEngine:
             self._expected,
             self._readahead,
             backups,
+            self.dense,
         )
         with tf.device(device):
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
@@ -162,6 +171,7 @@ class ClusterEngine:
             self._stopping,
             self._apply_widths,
             t.on_nonfinite == "skip",
+            None if self.dense is None else self.dense.tables,
         )
         self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
         one_ps = len({v.device for v in variables_of(self.state.model.weights)} | {device}) == 1
@@ -250,12 +260,19 @@ class ClusterEngine:
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         self._finished, results = [], {}
-        if count == 1 and not self._pushed(pending, results, interrupted):
+        # (With train.dense = "allreduce" a closure's step ends only once the apply ran: no waiting for it.)
+        if count == 1 and self.dense is None and not self._pushed(pending, results, interrupted):
             return []  # interrupted before the step's gradients were in: nothing applied
         applying = self._fetchers.submit(self._apply_block, first_t, count_t)
         stalled = self._wait(applying, pending, results, interrupted, can_stall=count > 1)
         applied = unpack_applied(applying.result().numpy(), self._apply_widths)
         proceeded = applied[5]  # (losses, chosen, workers, late, finite, proceeded)
+        if stalled and self.dense is not None:
+            raise TrainingError(
+                f"step {self._open_step()}: a worker failed or hangs, and the workers' collectives (train.dense = "
+                '"allreduce") cannot be re-formed in this run; run the same command again to resume from the last '
+                'checkpoint, or set train.dense = "ps" to ride out a lost worker'
+            )
         if stalled:  # the accumulators hold the unblocking pushes: start afresh from the global step
             self.prepare(int(self.state.global_step.numpy()))
         t2 = time.perf_counter()
@@ -265,6 +282,8 @@ class ClusterEngine:
         if t.total_num_replicas == t.replicas_to_aggregate and not stalled:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
+        if self.dense is not None:  # the ps's copy of the dense variables, for checkpoints and evaluations
+            self.coordinator.schedule(self.dense.write_back).fetch()
         stream = self.source if streams else None
         # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
