@@ -33,7 +33,10 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
     dense = [v for v, rows in zip(trainable_of(replica.model), replica.sparse, strict=True) if not rows]
     optimizer = replica.optimizer
     if train.total_num_replicas != train.replicas_to_aggregate:
-        return f'train.dense = "allreduce" does not take backup workers yet: set train.total_num_replicas = replicas_to_aggregate, {FIX}'
+        return (
+            'train.dense = "allreduce" does not take backup workers yet: set train.total_num_replicas = '
+            f"replicas_to_aggregate, {FIX}"
+        )
     if train.replicas_to_aggregate != workers:
         return (
             f'train.dense = "allreduce" needs one slot per worker: set train.replicas_to_aggregate = {workers} '

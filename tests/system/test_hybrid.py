@@ -1,0 +1,56 @@
+"""The hybrid step (train.dense = "allreduce") on a real local cluster, against the standalone reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
+from tests.jobs import hybrid
+from tests.soak import compare_checkpoints
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 30
+
+
+def standalone(tmp_path, job: str, steps: int = STEPS):
+    reference = tmp_path / "standalone"
+    result = run_pstrain(["train", "--standalone", "--job", job, "--steps", str(steps), "--run-dir", str(reference)])
+    assert result.returncode == 0, result.output
+    return reference
+
+
+def assert_same_run(run_dir, reference, features) -> None:
+    """The final checkpoint (model, optimizer slots and step count), every step's loss and the exported
+    model's predictions are those of the standalone run, bit for bit."""
+    largest, different = compare_checkpoints(run_dir, reference)
+    assert different == [] and largest == 0.0, (largest, different)
+    assert [s["loss"] for s in metrics(run_dir)[0]] == [s["loss"] for s in metrics(reference)[0]]
+    np.testing.assert_array_equal(predictions(run_dir, features), predictions(reference, features))
+
+
+@pytest.mark.parametrize(
+    ("job", "flags"),
+    [("adam", []), ("momentum", ["--ps", "2", "--steps-per-execution", "1"])],
+    ids=["adam-default-K", "momentum-2ps-K1"],
+)
+def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, flags):
+    """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process."""
+    name = f"tests.jobs.hybrid:{job}"
+    run_dir = tmp_path / "run"
+    result = run_pstrain(["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags])
+    assert result.returncode == 0, result.output
+    assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
+    assert_no_orphans(result)
+
+
+def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
+    """Checkpoints hold one full-size copy of the dense variables and their optimizer state, as "ps"
+    does: 10 steps with "ps", 10 more with "allreduce", 10 more with "ps" end where one process ends."""
+    name, run_dir = "tests.jobs.hybrid:adam", tmp_path / "run"
+    for steps, dense in ((10, "ps"), (20, "allreduce"), (30, "ps")):
+        result = run_pstrain(["launch", "--job", name, "--dense", dense, "--steps", str(steps), "--run-dir", str(run_dir)])
+        assert result.returncode == 0, result.output
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name))
+    assert different == [] and largest == 0.0, (largest, different)
