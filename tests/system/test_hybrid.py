@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
+from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain
 from tests.jobs import hybrid
 from tests.soak import compare_checkpoints
 
@@ -54,3 +54,24 @@ def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
         assert result.returncode == 0, result.output
     largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name))
     assert different == [] and largest == 0.0, (largest, different)
+
+
+def test_a_lost_worker_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(tmp_path):
+    """A worker killed mid-block aborts the survivors' collectives for good (../shared/notes/hybrid.md): the
+    run stops with one line naming train.dense, every process reaped, never a hang; running the same
+    command again starts every worker afresh, resumes from the last checkpoint and ends with the
+    standalone model."""
+    name, run_dir, killed = "tests.jobs.hybrid:adam", tmp_path / "run", []
+    args = ["launch", "--job", name, "--dense", "allreduce", "--steps", "120", "--checkpoint-every", "25", "--run-dir", str(run_dir)]
+    first = run_pstrain(args, signal_when=kill_task_when(run_dir, "worker", 1, 40, killed), send=None, timeout=400)
+    assert killed
+    assert first.returncode != 0, first.output
+    errors = [line for line in first.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1 and 'train.dense = "allreduce"' in errors[0], first.output
+    assert "Traceback" not in first.output
+    assert_no_orphans(first)
+    second = run_pstrain(args, timeout=400)
+    assert second.returncode == 0, second.output
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=120))
+    assert different == [] and largest == 0.0, (largest, different)
+    assert_no_orphans(second)
