@@ -264,7 +264,10 @@ class ClusterEngine:
         if count == 1 and self.dense is None and not self._pushed(pending, results, interrupted):
             return []  # interrupted before the step's gradients were in: nothing applied
         applying = self._fetchers.submit(self._apply_block, first_t, count_t)
-        stalled = self._wait(applying, pending, results, interrupted, can_stall=count > 1)
+        # A lost worker stalls even a one-step block when the workers' collectives carry the step (once warm:
+        # a cold first step may take long to trace).
+        can_stall = count > 1 or (self.dense is not None and self._warm)
+        stalled = self._wait(applying, pending, results, interrupted, can_stall=can_stall)
         applied = unpack_applied(applying.result().numpy(), self._apply_widths)
         proceeded = applied[5]  # (losses, chosen, workers, late, finite, proceeded)
         if stalled and self.dense is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
@@ -39,7 +41,9 @@ def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, f
     """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process."""
     name = f"tests.jobs.hybrid:{job}"
     run_dir = tmp_path / "run"
-    result = run_pstrain(["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags])
+    result = run_pstrain(
+        ["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags]
+    )
     assert result.returncode == 0, result.output
     assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
     assert_no_orphans(result)
@@ -56,14 +60,30 @@ def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
     assert different == [] and largest == 0.0, (largest, different)
 
 
-def test_a_lost_worker_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(tmp_path):
-    """A worker killed mid-block aborts the survivors' collectives for good (../shared/notes/hybrid.md): the
-    run stops with one line naming train.dense, every process reaped, never a hang; running the same
-    command again starts every worker afresh, resumes from the last checkpoint and ends with the
-    standalone model."""
+@pytest.mark.parametrize(
+    ("sig", "flags"), [(signal.SIGKILL, []), (signal.SIGSTOP, ["--steps-per-execution", "1"])], ids=["killed", "hung-K1"]
+)
+def test_a_lost_worker_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(tmp_path, sig, flags):
+    """A worker killed (or hung, with one step per block) mid-run aborts the survivors' collectives for
+    good (../shared/notes/hybrid.md): the run stops with one line naming train.dense, every process
+    reaped, never a hang; running the same command again starts every worker afresh, resumes from the
+    last checkpoint and ends with the standalone model."""
     name, run_dir, killed = "tests.jobs.hybrid:adam", tmp_path / "run", []
-    args = ["launch", "--job", name, "--dense", "allreduce", "--steps", "120", "--checkpoint-every", "25", "--run-dir", str(run_dir)]
-    first = run_pstrain(args, signal_when=kill_task_when(run_dir, "worker", 1, 40, killed), send=None, timeout=400)
+    args = [
+        "launch",
+        "--job",
+        name,
+        "--dense",
+        "allreduce",
+        "--steps",
+        "120",
+        "--checkpoint-every",
+        "25",
+        "--run-dir",
+        str(run_dir),
+        *flags,
+    ]
+    first = run_pstrain(args, signal_when=kill_task_when(run_dir, "worker", 1, 40, killed, sig), send=None, timeout=400)
     assert killed
     assert first.returncode != 0, first.output
     errors = [line for line in first.output.splitlines() if line.startswith("pstrain: error:")]

@@ -16,7 +16,9 @@ from worker.replica.replica import Replica
 
 pytestmark = pytest.mark.pure
 
-TRAIN = TrainConfig(job="tests.jobs.hybrid:adam", global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2, dense="allreduce")
+TRAIN = TrainConfig(
+    job="tests.jobs.hybrid:adam", global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2, dense="allreduce"
+)
 
 
 def replica(job_name: str = "tests.jobs.hybrid:adam") -> tuple:
