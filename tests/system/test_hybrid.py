@@ -95,3 +95,15 @@ def test_a_lost_worker_stops_the_run_in_one_line_and_the_same_command_resumes_ex
     largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=120))
     assert different == [] and largest == 0.0, (largest, different)
     assert_no_orphans(second)
+
+
+def test_a_refused_setting_stops_the_launch_in_one_line_before_any_step(tmp_path):
+    """Backup workers with "allreduce": one line naming train.dense and the fix, exit 2, no step, no process left."""
+    run_dir = tmp_path / "run"
+    args = ["launch", "--job", "tests.jobs.hybrid:adam", "--dense", "allreduce", "--steps", "5", "--run-dir", str(run_dir)]
+    result = run_pstrain([*args, "--total-num-replicas", "3"])
+    assert result.returncode == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1 and "backup workers" in errors[0] and 'train.dense = "ps"' in errors[0], result.output
+    assert "Traceback" not in result.output and not metrics(run_dir)[0]
+    assert_no_orphans(result)
