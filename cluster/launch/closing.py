@@ -46,25 +46,24 @@ def closed(
         with node_rules(cluster, ports, where) as (line, is_open):
             yield Doors(cluster, None, line, is_open)
         return
-    try:
-        network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)
-    except Unavailable as e:
-        if not cluster.allow_open_ports:
-            raise ConfigError(doors.refusal(str(e))) from None
-        yield Doors(cluster, None, doors.open_line(), True)
-        return
-    path = doors.socket_in_run_dir(run_dir)
-    spare = None if path else Path(tempfile.mkdtemp(prefix="pstrain-"))  # (private): the run dir's path is too long
-    path = path or spare / doors.SOCKET_NAME
-    try:
+    with contextlib.ExitStack() as held:  # each thing made is registered for removal before the next
+        try:
+            network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)
+        except Unavailable as e:
+            if not cluster.allow_open_ports:
+                raise ConfigError(doors.refusal(str(e))) from None
+            yield Doors(cluster, None, doors.open_line(), True)
+            return
+        held.callback(network.close)
+        path = doors.socket_in_run_dir(run_dir)
+        if path is None:  # the run dir's path is too long for a socket: a private folder instead
+            spare = Path(tempfile.mkdtemp(prefix="pstrain-"))
+            held.callback(shutil.rmtree, spare, ignore_errors=True)
+            path = spare / doors.SOCKET_NAME
+        held.callback(path.unlink, missing_ok=True)
         path.unlink(missing_ok=True)  # a socket a killed launcher left
         control = doors.unix_target(path)
         yield Doors(replace(cluster, control=control), network, doors.closed_line(describe(network.kind), control), False)
-    finally:
-        network.close()
-        path.unlink(missing_ok=True)
-        if spare is not None:
-            shutil.rmtree(spare, ignore_errors=True)
 
 
 @contextlib.contextmanager

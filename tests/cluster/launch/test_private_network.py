@@ -4,6 +4,7 @@ cannot be made refuses a local launch in one line unless --allow-open-ports."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -12,12 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cluster.config import ConfigError, resolve
 from cluster.doctor.listeners import listeners
 from cluster.launch.closing import closed
-from cluster.launch.netns import PrivateNetwork
+from cluster.launch.netns import PrivateNetwork, Unavailable
 from tests.netns import netns_tier
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -119,3 +121,32 @@ def test_an_unprivileged_user_makes_the_namespace_and_its_tasks_keep_their_uid(t
     finally:
         shutil.rmtree(root)
     assert done.stdout.split() == ["65534", "65534", "refused"], done.stderr
+
+
+def namespace_fds() -> list[str]:
+    """The network namespaces this process holds by a descriptor (its own is not held that way)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [link for link in held if link.startswith("net:")]
+
+
+def test_a_maker_that_fails_leaves_no_descriptor_and_no_process():
+    before, fds = namespace_fds(), len(os.listdir("/proc/self/fd"))
+    with pytest.raises(Unavailable, match="usage"):
+        PrivateNetwork._make("bogus")  # the maker refuses (exit 2) instead of saying ready
+    assert namespace_fds() == before and len(os.listdir("/proc/self/fd")) == fds
+    assert psutil.Process().children() == []
+
+
+def test_a_failure_after_the_namespace_is_made_releases_it(tmp_path, monkeypatch):
+    """A run dir too long for a socket and no temporary folder to put one in: the launch fails after
+    the namespace exists; its descriptors are closed all the same."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    long_run_dir = tmp_path / ("d" * 120)
+    before = namespace_fds()
+    with pytest.raises(FileNotFoundError), closed(resolve({}).cluster, None, long_run_dir, []):
+        pass
+    assert namespace_fds() == before
+    assert psutil.Process().children() == []
