@@ -1,6 +1,6 @@
 """Close a launch's or node's doors (cluster/doors.py decides): a local cluster's tasks in a private
 network namespace with the control plane on a unix socket; on a machine of a multi-machine cluster,
-nftables rules admitting the cluster's hosts only (cluster/launch/firewall.py); else a refusal, or
+nftables (or iptables) rules admitting the cluster's hosts only (cluster/launch/firewall.py); else a refusal, or
 where pstrain cannot close them (Slurm as a user, a pod) a plain statement."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster import doors
+from cluster import doors, rulesets
 from cluster.config import ClusterConfig, ConfigError
 from cluster.launch import firewall
 from cluster.launch.netns import PrivateNetwork, Unavailable, describe, kinds_to_try
@@ -71,12 +71,12 @@ def node_rules(cluster: ClusterConfig, ports: list[int], where: str) -> Iterator
     """This machine's TF `ports` closed to all but the cluster's hosts while the block runs; yields
     (console line, open). Where the rules cannot be made: a refusal for `launch` and `node` (unless
     `allow_open_ports`), a plain statement for Slurm."""
-    why = firewall.why_not()
-    if not why:
+    tool, why = firewall.choose()
+    if tool:
         try:
             peers = firewall.peer_addresses(cluster)
-            with firewall.rules(ports, peers) as table:
-                yield doors.rules_line(ports, peers, table), False
+            with firewall.rules(tool, ports, peers) as name:
+                yield doors.rules_line(ports, peers, rulesets.TOOLS[tool], name), False
             return
         except firewall.Unclosable as e:
             why = str(e)
