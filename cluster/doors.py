@@ -78,6 +78,15 @@ def refusal(reason: str) -> str:
     )
 
 
+def no_private_network_refusal() -> str:
+    """The one-line refusal of `private_network = false` without `allow_open_ports`."""
+    return (
+        "cluster.private_network: false runs a local cluster's tasks on this machine's network, where every "
+        "TensorFlow server listens on all interfaces without authentication; pass --allow-open-ports as well "
+        "to accept the open ports, or leave it true"
+    )
+
+
 def rules_line(ports: list[int], peers: list[str], what: str, name: str) -> str:
     """`what`: "nftables table" or "iptables chain" (rulesets.TOOLS)."""
     return (

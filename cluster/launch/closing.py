@@ -46,6 +46,11 @@ def closed(
         with node_rules(cluster, ports, where) as (line, is_open):
             yield Doors(cluster, None, line, is_open)
         return
+    if not cluster.private_network:  # asked for the host's network: open ports, accepted or refused
+        if not cluster.allow_open_ports:
+            raise ConfigError(doors.no_private_network_refusal())
+        yield Doors(cluster, None, doors.open_line(), True)
+        return
     with contextlib.ExitStack() as held:  # each thing made is registered for removal before the next
         try:
             network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)

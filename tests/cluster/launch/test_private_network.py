@@ -150,3 +150,18 @@ def test_a_failure_after_the_namespace_is_made_releases_it(tmp_path, monkeypatch
         pass
     assert namespace_fds() == before
     assert psutil.Process().children() == []
+
+
+def test_no_private_network_runs_on_the_hosts_network_only_with_open_ports_allowed(tmp_path):
+    """`--no-private-network` (the benchmarks' A/B switch): no namespace is made, and without
+    `--allow-open-ports` it is refused in one line."""
+    before = namespace_fds()
+    with (
+        pytest.raises(ConfigError, match="--allow-open-ports"),
+        closed(resolve({}, {"private_network": False}).cluster, None, tmp_path, []),
+    ):
+        pass
+    opened = resolve({}, {"private_network": False, "allow_open_ports": True}).cluster
+    with closed(opened, None, tmp_path, []) as doors:
+        assert doors.open and doors.network is None and doors.cluster == opened and namespace_fds() == before
+    assert psutil.Process().children() == []
