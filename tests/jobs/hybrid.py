@@ -13,6 +13,16 @@ from chief.jobs.recommender import Recommender
 @dataclass(frozen=True)
 class WithOptimizer(Recommender):
     optimizer: str = "adam"
+    tower: int = 0  # > 0: two hidden layers of this width (a dense tower of about tower**2 parameters)
+
+    def model_fn(self) -> tf_keras.Model:
+        model = super().model_fn()
+        if not self.tower:
+            return model
+        hidden = model.layers[-2].input  # the tables' concatenated outputs (the input of the 64-unit layer)
+        for _ in range(2):
+            hidden = tf_keras.layers.Dense(self.tower, activation="relu")(hidden)
+        return tf_keras.Model(model.inputs, tf_keras.layers.Dense(2)(hidden))
 
     def optimizer_fn(self):
         if self.optimizer == "momentum":
@@ -29,3 +39,4 @@ adam = WithOptimizer(**SIZES)
 momentum = WithOptimizer(**SIZES, optimizer="momentum")
 clipped = WithOptimizer(**SIZES, optimizer="clipped")
 legacy = WithOptimizer(**SIZES, optimizer="legacy")
+tower = WithOptimizer(**SIZES, tower=1024)  # 1.1 M dense parameters: a timing of "ps" against "allreduce"
