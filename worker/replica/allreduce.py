@@ -49,13 +49,13 @@ class WorkerCopy(ps_values.PerWorkerVariable):
             return graph.capture_call_time_value(closure, spec, key=("pstrain_worker_copy", id(self)))
 
 
-def exchanged_mean(slot: int, grads: Sequence[tf.Tensor], num_slots: int) -> list[tf.Tensor]:
+def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int) -> list[tf.Tensor]:
     """The mean over all `num_slots` slots (one per worker) of each dense gradient in `grads`, this
     slot's own included, summed in slot order as the aggregator sums them; every worker gets the same
     values. One gather for all variables (flattened into one row per worker)."""
     flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)[tf.newaxis]
     common = dict(group_size=num_slots, group_key=GROUP_KEY, ordering_token=[], timeout_seconds=COLLECTIVE_TIMEOUT_S)
-    slots = tf.raw_ops.CollectiveGatherV2(input=tf.constant([slot], tf.int32), instance_key=_SLOTS_KEY, **common)
+    slots = tf.raw_ops.CollectiveGatherV2(input=tf.reshape(tf.cast(slot, tf.int32), [1]), instance_key=_SLOTS_KEY, **common)
     with tf.control_dependencies([slots]):  # one collective at a time: their order is the same on every worker
         rows = tf.raw_ops.CollectiveGatherV2(input=flat, instance_key=_VALUES_KEY, **common)
     rows = tf.gather(rows, tf.argsort(slots))  # row k: slot k's gradients
