@@ -107,3 +107,27 @@ def test_a_refused_setting_stops_the_launch_in_one_line_before_any_step(tmp_path
     assert len(errors) == 1 and "backup workers" in errors[0] and 'train.dense = "ps"' in errors[0], result.output
     assert "Traceback" not in result.output and not metrics(run_dir)[0]
     assert_no_orphans(result)
+
+
+def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exactly(tmp_path):
+    """SIGTERM while a block of K = 64 runs: the ps ends it at a step boundary, the workers update their
+    copies only for steps the ps applied, the checkpoint holds them, and the same command resumes to
+    the standalone model bit for bit."""
+    name, steps, run_dir = "tests.jobs.hybrid:adam", 256, tmp_path / "run"
+    args = ["launch", "--job", name, "--dense", "allreduce", "--steps", str(steps), "--checkpoint-every", "0"]
+    args += ["--steps-per-execution", "64", "--run-dir", str(run_dir)]
+    metrics_file = run_dir / "metrics.jsonl"
+
+    def second_block_running() -> bool:
+        return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2  # step 0, then block 1..64
+
+    first = run_pstrain(args, signal_when=second_block_running, send=signal.SIGTERM)
+    assert first.returncode == 128 + signal.SIGTERM, first.output
+    assert 0 < len(metrics(run_dir)[0]) < steps
+    assert_no_orphans(first)
+    second = run_pstrain(args)
+    assert second.returncode == 0, second.output
+    assert [r["step"] for r in metrics(run_dir)[0]] == list(range(steps))
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=steps))
+    assert different == [] and largest == 0.0, (largest, different)
+    assert_no_orphans(second)

@@ -10,6 +10,8 @@
   which for 3+ workers is not the slot order (../shared/notes/hybrid.md, Q3).
 - `reading`: the model's dense variables read as given tensors (the step's reads of the worker's copies)
   while a step is traced, so the gradients are taken for those tensors.
+- `hybrid_step` and `apply_after_gate`: what worker/replica/loop.py runs per step in this mode: the
+  slot's step on the copies and the exchange, then the copies' update once the ps applied the step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from tensorflow.python.distribute import ps_values
 from tensorflow.python.eager import context
 from tensorflow.python.framework import func_graph, ops
 from tensorflow.python.saved_model import save_context
+
+from worker.replica.replica import replica_step
 
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
 # fails after this many seconds instead of waiting for ever (timeout 0).
@@ -96,3 +100,27 @@ def reading(held: Sequence[tuple[object, str, int]], values: Sequence[tf.Tensor]
     finally:
         for layer, name, value in saved:
             object.__setattr__(layer, name, value)
+
+
+def hybrid_step(replica, dense, batch, step, slot) -> tuple[list, list]:
+    """One slot's step on this worker's copies (`dense`: chief/step/hybrid.py DenseCopies), the mean dense
+    gradient exchanged among the workers. Returns what to push to the ps (the loss, NaN where the dense
+    mean is not finite, so the ps withholds the step; the tables' gradients) and the dense means."""
+    values = [copy.read_value() for copy in dense.copies]
+    with reading(dense.held, values):
+        loss, grads, _ = replica_step(replica, batch, step, slot, reads=dict(zip(dense.positions, values, strict=True)))
+    means = exchanged_mean(slot, [grads[i] for i in dense.positions], replica.num_slots)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in means])
+    loss = loss + tf.where(finite, tf.constant(0.0, loss.dtype), tf.constant(float("nan"), loss.dtype))
+    return [loss, *(g for i, g in enumerate(grads) if i not in dense.positions)], means
+
+
+def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) -> tf.Tensor:
+    """Once `pushed` (after this slot's pushes) and the ps applied `step` (the gate opened the next one),
+    the same update of this worker's copies; nothing where the ps did not apply it (withheld, stopped)."""
+    with tf.control_dependencies([pushed]):
+        applied = tf.equal(gate.wait(step + 1, global_step), step + 1)
+    # The optimizer's update in a replica context of its own, entered inside the branch (a merge_call
+    # must not cross into a branch).
+    update = lambda: tf.identity(strategy.run(dense.apply, args=(means,)) >= 0)  # noqa: E731
+    return tf.cond(applied, update, lambda: tf.constant(False))

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from worker.input.readahead import request_tag
 from worker.ps.gate import ABORT
-from worker.replica.allreduce import exchanged_mean, reading
+from worker.replica.allreduce import apply_after_gate, hybrid_step
 from worker.replica.replica import replica_step
 
 
@@ -24,28 +24,6 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
     the N gradients a step applies (the apply then takes the first N slots to arrive); `dense`: the
     workers' copies (chief/step/hybrid.py DenseCopies) with train.dense = "allreduce", else None."""
     global_step = state.global_step
-
-    def hybrid_step(batch, step, slot):
-        """train.dense = "allreduce": the slot's step on this worker's copies of the dense variables; the
-        mean dense gradient exchanged among the workers. Returns what to push (the loss, NaN where the
-        dense mean is not finite, so the ps withholds the step; the tables' gradients) and the means."""
-        values = [copy.read_value() for copy in dense.copies]
-        with reading(dense.held, values):
-            loss, grads, _ = replica_step(replica, batch, step, slot, reads=dict(zip(dense.positions, values, strict=True)))
-        means = exchanged_mean(slot, [grads[i] for i in dense.positions], replica.num_slots)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in means])
-        loss = loss + tf.where(finite, tf.constant(0.0, loss.dtype), tf.constant(float("nan"), loss.dtype))
-        return [loss, *(g for i, g in enumerate(grads) if i not in dense.positions)], means
-
-    def apply_dense(step, pushed, means):
-        """Once `pushed` (after this slot's pushes) and the ps applied `step` (the gate opened the next
-        one), the same update of the copies."""
-        with tf.control_dependencies([pushed]):
-            applied = tf.equal(gate.wait(step + 1, global_step), step + 1)
-        # The optimizer's update in a replica context of its own, entered inside the branch (a merge_call
-        # must not cross into a branch).
-        update = lambda: tf.identity(strategy.run(dense.apply, args=(means,)) >= 0)  # noqa: E731
-        return tf.cond(applied, update, lambda: tf.constant(False))
 
     @tf.function(autograph=False)  # the job's code is converted where it is called (chief/contract/as_written.py)
     def worker_fn(iterator, first, count, slot, positions):
@@ -88,7 +66,7 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
                         loss, grads, deltas = replica_step(replica, batch, step, slot)
                         values = [loss, *grads, *deltas]
                     else:
-                        values, means = hybrid_step(batch, step, slot)
+                        values, means = hybrid_step(replica, dense, batch, step, slot)
                 # A job's assertions (tf.debugging.assert_*, a stateful cond around an Assert) feed
                 # nothing: the pushes wait for every stateful op of the step, so a step whose assertion
                 # fails is never applied and the error names that step.
@@ -103,7 +81,7 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
 
             pushed = strategy.run(replica_fn, args=(batch, token))
             if dense is not None:
-                pushed = apply_dense(step, *pushed)
+                pushed = apply_after_gate(strategy, dense, gate, global_step, step, *pushed)
             wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
             with tf.control_dependencies([pushed]):  # the next step waits for this one's pushes
                 return i + 1, token, wheres
