@@ -12,6 +12,7 @@ row-sparse pushes and their update on the ps.
 from __future__ import annotations
 
 import functools
+import random
 
 import tensorflow as tf
 import tf_keras
@@ -109,6 +110,8 @@ class DenseCopies:
                 copy._constraint = original.constraint
             self.optimizer = job.optimizer_fn()
             create_optimizer_slots(self.optimizer, self.copies)
+            # The step the copies are at: a closure that ClusterCoordinator re-ran must not update them twice.
+            self.step = tf.Variable(state.global_step.read_value, dtype=tf.int64, trainable=False, name="pstrain_copies_step")
         self.pairs = list(zip(self.copies, self.originals, strict=True))
         main = state.optimizer
         self.pairs.append((self.optimizer.iterations, main.iterations))
@@ -119,6 +122,7 @@ class DenseCopies:
             made_by = copy._var_creator
             copy._var_creator = functools.partial(made_by.func, **{**made_by.keywords, "initial_value": source.read_value})
         self.held = places(replica.model, self.originals)
+        self.group_key = random.randrange(1, 2**31)  # the workers' collective group, fresh for this chief
         self.write_back = tf.function(self._write_back, autograph=False)
 
     def _write_back(self) -> tf.Tensor:
@@ -127,6 +131,18 @@ class DenseCopies:
         with tf.control_dependencies(writes):
             return tf.constant(0)
 
-    def apply(self, means) -> tf.Operation:
-        """In a replica context on a worker: the step's mean dense gradients applied to this worker's copies."""
-        return self.optimizer.apply_gradients(zip(means, self.copies, strict=True), experimental_aggregate_gradients=False)
+    def apply(self, step, means) -> tf.Tensor:
+        """In a replica context on a worker: `step`'s mean dense gradients applied to this worker's copies."""
+        applied = self.optimizer.apply_gradients(zip(means, self.copies, strict=True), experimental_aggregate_gradients=False)
+        with tf.control_dependencies([applied]):
+            return self.step.assign(step + 1)
+
+    def check_step(self, step) -> tf.Operation:
+        """In a closure, before `step` reads the copies: fails (one line, the run stops) unless this worker's
+        copies are at `step`, as after a closure re-run once its worker had updated them."""
+        return tf.debugging.assert_equal(
+            self.step.read_value(),
+            step,
+            message='train.dense = "allreduce": a re-run closure found its worker\'s dense copies past its step; '
+            "run the same command again to resume from the last checkpoint",
+        )

@@ -30,7 +30,8 @@ from worker.replica.replica import replica_step
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
 # fails after this many seconds instead of waiting for ever (timeout 0).
 COLLECTIVE_TIMEOUT_S = 60.0
-GROUP_KEY = 7351  # the workers' group; instance keys below are the exchange's own
+# The exchange's own instance keys; the group key is the caller's (a fresh one per chief incarnation: a
+# group that outlives a restarted task refuses it, "current incarnation doesn't match").
 _SLOTS_KEY, _VALUES_KEY = 1, 2
 
 
@@ -53,12 +54,12 @@ class WorkerCopy(ps_values.PerWorkerVariable):
             return graph.capture_call_time_value(closure, spec, key=("pstrain_worker_copy", id(self)))
 
 
-def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int) -> list[tf.Tensor]:
+def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: int) -> list[tf.Tensor]:
     """The mean over all `num_slots` slots (one per worker) of each dense gradient in `grads`, this
     slot's own included, summed in slot order as the aggregator sums them; every worker gets the same
     values. One gather for all variables (flattened into one row per worker)."""
     flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)[tf.newaxis]
-    common = dict(group_size=num_slots, group_key=GROUP_KEY, ordering_token=[], timeout_seconds=COLLECTIVE_TIMEOUT_S)
+    common = dict(group_size=num_slots, group_key=group_key, ordering_token=[], timeout_seconds=COLLECTIVE_TIMEOUT_S)
     slots = tf.raw_ops.CollectiveGatherV2(input=tf.reshape(tf.cast(slot, tf.int32), [1]), instance_key=_SLOTS_KEY, **common)
     with tf.control_dependencies([slots]):  # one collective at a time: their order is the same on every worker
         rows = tf.raw_ops.CollectiveGatherV2(input=flat, instance_key=_VALUES_KEY, **common)
@@ -106,10 +107,11 @@ def hybrid_step(replica, dense, batch, step, slot) -> tuple[list, list]:
     """One slot's step on this worker's copies (`dense`: chief/step/hybrid.py DenseCopies), the mean dense
     gradient exchanged among the workers. Returns what to push to the ps (the loss, NaN where the dense
     mean is not finite, so the ps withholds the step; the tables' gradients) and the dense means."""
-    values = [copy.read_value() for copy in dense.copies]
+    with tf.control_dependencies([dense.check_step(step)]):
+        values = [copy.read_value() for copy in dense.copies]
     with reading(dense.held, values):
         loss, grads, _ = replica_step(replica, batch, step, slot, reads=dict(zip(dense.positions, values, strict=True)))
-    means = exchanged_mean(slot, [grads[i] for i in dense.positions], replica.num_slots)
+    means = exchanged_mean(slot, [grads[i] for i in dense.positions], replica.num_slots, dense.group_key)
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in means])
     loss = loss + tf.where(finite, tf.constant(0.0, loss.dtype), tf.constant(float("nan"), loss.dtype))
     return [loss, *(g for i, g in enumerate(grads) if i not in dense.positions)], means
@@ -122,5 +124,5 @@ def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) ->
         applied = tf.equal(gate.wait(step + 1, global_step), step + 1)
     # The optimizer's update in a replica context of its own, entered inside the branch (a merge_call
     # must not cross into a branch).
-    update = lambda: tf.identity(strategy.run(dense.apply, args=(means,)) >= 0)  # noqa: E731
+    update = lambda: tf.identity(strategy.run(dense.apply, args=(step, means)) > 0)  # noqa: E731
     return tf.cond(applied, update, lambda: tf.constant(False))

@@ -43,7 +43,7 @@ def main() -> None:
     def closure():
         rank = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
         slot = (rank + 1) % WORKERS
-        mean = exchanged_mean(slot, [tf.gather(table, slot)], WORKERS)[0]
+        mean = exchanged_mean(slot, [tf.gather(table, slot)], WORKERS, group_key=1)[0]
         return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), mean
 
     results = [coordinator.schedule(closure) for _ in range(WORKERS)]
