@@ -4,8 +4,10 @@ loopback (the default): every task on this machine's loopback, as before. A shap
 of a run (chief, each ps, each worker; each peer's tasks alike) on a host of its own, a network
 namespace joined to a bridge by a veth pair (tests/netns.py's `lan`), both ends of every veth shaped
 by `tc ... tbf` at the link's rate, so each host has a full-duplex port of that rate, as on a switch.
-The hosts of a run are made before its launch and removed, with every process in them, when it
-ends, however it ends. Where namespaces cannot be made, `--link` is refused in one line.
+The hosts of a run are made before its launch and removed after its processes are stopped and
+reaped: on a normal end, an error, Ctrl-C or SIGTERM; those of a SIGKILLed invocation are removed
+when the next --link invocation starts (`sweep`). Where namespaces cannot be made, `--link` is
+refused in one line.
 
 The benchmarks' hooks (tests/benchmarks/bench.py, embeddings.py): `add_flags` and `use(link)` once
 per invocation, `records` after its runs; per run `run_network(hosts)`: `addresses(n)` for a TF
