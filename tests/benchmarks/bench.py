@@ -40,7 +40,6 @@ import psutil
 
 from tests.benchmarks import links
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
-from tests.benchmarks.links import free_ports  # noqa: F401  (cpu_split.py's import)
 from tests.benchmarks.window import block_ends, measure
 
 ROOT = Path(__file__).resolve().parents[2]
