@@ -154,7 +154,7 @@ def records(args, jobs: dict[str, str], results: dict, batch: int, workers: int 
     for size, runs in results["runs"].items():
         steps = sorted(r["step_s"] for r in runs.get("pstrain", []))
         step = steps[len(steps) // 2] if steps else None
-        costs = fitted(jobs[size], batch, args.plan_fit, args.steps) if args.plan_fit else None
+        costs = fitted(jobs[size], batch, args.plan_fit) if args.plan_fit else None
         results.setdefault("links", {})[size] = record(jobs[size], batch, workers, 1, step, costs)
         print(f"{size} on {_selected}: {summary(results['links'][size])}", flush=True)
 
@@ -204,8 +204,9 @@ def record(job: str, batch: int, workers: int, ps: int, pstrain_step_s: float | 
     return {"link": _selected, **per_worker, "transfer_limit": limit, "plan": plan}
 
 
-def fitted(job: str, batch: int, runs: str, steps: int):
-    """`pstrain plan`'s costs for `job`, fitted on its measured loopback runs (`runs`: '1x1,2x1,1x2,2x2')."""
+def fitted(job: str, batch: int, runs: str, steps: int = 400):
+    """`pstrain plan`'s costs for `job`, fitted on its measured loopback runs (`runs`: '1x1,2x1,1x2,2x2')
+    of `steps` each (`pstrain plan --measure-steps`'s default: a steady window after the first third)."""
     from cluster.forecast.measure import measure
     from cluster.forecast.model import fit
     from cluster.forecast.report import parse_runs

@@ -110,3 +110,15 @@ def test_sigterm_removes_every_host_and_process():
     assert bench.wait(timeout=120) == 128 + signal.SIGTERM
     assert_no_orphans(Result(0, "", seen))
     assert not hosts_of(bench.pid)
+
+
+def test_where_namespaces_cannot_be_made_link_is_refused_in_one_line():
+    """As an unprivileged user (nobody): `ip netns add` needs root, so --link 1gbit is refused, exit 2."""
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    argv = [*nobody, sys.executable, "-m", "tests.benchmarks.bench", "--sizes", "", "--link", "1gbit"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "HOME": "/tmp"})
+    said = [line for line in done.stderr.splitlines() if line.startswith("--link")]
+    assert done.returncode == 2, done.stderr[-2000:]
+    why = "creating network namespaces needs root"
+    assert said == [f"--link: cannot make network-namespace hosts here ({why}); run with --link loopback"]
+    assert "Traceback" not in done.stderr and done.stdout == ""
