@@ -122,3 +122,17 @@ def test_where_namespaces_cannot_be_made_link_is_refused_in_one_line():
     why = "creating network namespaces needs root"
     assert said == [f"--link: cannot make network-namespace hosts here ({why}); run with --link loopback"]
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_hosts_a_killed_invocation_left_are_swept_and_a_live_ones_kept():
+    live = os.getpid()
+    dead = next(pid for pid in range(30000, 1, -1) if pid % 100000 not in {p % 100000 for p in psutil.pids()})
+    names = [f"{links.PREFIX}h0-{dead}", f"{links.PREFIX}sw-{dead}", f"{links.PREFIX}h0-{live % 100000}"]
+    try:
+        for name in names:
+            subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=30)
+        links.sweep()
+        assert not hosts_of(dead) and hosts_of(live) == [names[2]]
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
