@@ -317,7 +317,7 @@ def main() -> int:
     add_network_flag(parser)
     links.add_flags(parser)
     args = parser.parse_args()
-    if why := links.use(args.link):  # refused in one line where namespaces cannot be made
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
         print(why, file=sys.stderr)
         return 2
     in_namespace = apply_network_flag(args)

@@ -342,7 +342,7 @@ def main() -> int:
     private_network = apply_network_flag(args)
     from tests.benchmarks.bench import METHOD, PROBES, machine, run_rounds, setup_lines
 
-    if why := links.use(args.link):  # refused in one line where namespaces cannot be made
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
         print(why, file=sys.stderr)
         return 2
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -93,14 +94,22 @@ _selected: str = "loopback"  # the invocation's link (`use`)
 RTT_S = 1e-4  # a round trip between two hosts on the bridge, for plan's two per step (as plan_check's)
 
 
-def use(link: str) -> str:
+def use(link: str, plan_fit: str = "") -> str:
     """Make `link` the invocation's: every later run_network uses it. '' on success, else the one-line
-    refusal (unknown, or shaped hosts cannot be made here); the benchmark prints it and exits 2."""
+    refusal (unknown, shaped hosts cannot be made here, or a --plan-fit that is malformed or without a
+    shaped link); the benchmark prints it and exits 2."""
     global _selected
+    from cluster.errors import ConfigError
+    from cluster.forecast.report import parse_runs
+
     try:
         rate = parse_link(link)
-    except LinkError as e:
-        return str(e)
+        if plan_fit:
+            parse_runs(plan_fit)
+    except (LinkError, ConfigError) as e:
+        return str(e).replace("--measure:", "--plan-fit:")
+    if plan_fit and rate is None:
+        return "--plan-fit: plan's step is held against shaped runs only; give --link 1gbit or 10gbit"
     if rate is not None and (why := refusal()):
         return why
     if rate is not None:
@@ -189,7 +198,8 @@ def record(job: str, batch: int, workers: int, ps: int, pstrain_step_s: float | 
     variables = job_variables(job, batch // workers)
     pull, push = sum(v.pull_bytes for v in variables), sum(v.push_bytes for v in variables)
     scenario = Scenario(workers, ps, batch, rate, RTT_S, costs.cores if costs else None)
-    prediction = predict(costs or Costs(*[0.0] * 11), variables, pstrain_placement(variables, ps), scenario)
+    nothing = Costs(**{f.name: 0.0 for f in dataclasses.fields(Costs)})
+    prediction = predict(costs or nothing, variables, pstrain_placement(variables, ps), scenario)
     plan = {
         "model": "fitted costs, the measured runs' cores" if costs else "network term only (no fitted costs)",
         "binding": prediction.binding,

@@ -45,3 +45,10 @@ def test_stale_hosts_are_only_those_whose_maker_is_gone():
     names = ["pstlh0-4242", "pstlsw-4242", "pstlh1-777", "pst-a-4242", "pstlh0-x"]
     assert links.stale(names, pids=[1, 777]) == ["pstlh0-4242", "pstlsw-4242"]
     assert links.stale(names, pids=[104242, 777]) == []  # suffixes are pids mod 100000: a live maker's stay
+
+
+def test_plan_fit_is_checked_before_any_run():
+    want = "--plan-fit: plan's step is held against shaped runs only; give --link 1gbit or 10gbit"
+    assert links.use("loopback", "1x1,2x1,1x2,2x2") == want
+    assert links.use("1gbit", "2by2").startswith("--plan-fit: expected WORKERSxPS pairs like 1x1,2x1,1x2,2x2, got '2by2'")
+    assert links.name() == "loopback"
