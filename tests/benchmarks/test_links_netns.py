@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -25,10 +26,12 @@ RATE = links.LINKS["1gbit"]
 
 
 def hosts_of(pid: int) -> list[str]:
-    """The --link namespaces the process `pid` made (tests.netns.lan's names end in its pid)."""
+    """The --link namespaces the process `pid` made (tests.netns.lan's names end in its pid), and their
+    /etc/netns folders (a veth or bridge lives in a namespace and goes with it)."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
     names = [line.split()[0] for line in listed.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(links.PREFIX) and n.endswith(f"-{pid % 100000}")]
+    names += [f"/etc/netns/{p.name}" for p in Path("/etc/netns").glob("*")] if Path("/etc/netns").is_dir() else []
+    return [n for n in names if n.split("/")[-1].startswith(links.PREFIX) and n.endswith(f"-{pid % 100000}")]
 
 
 def network_of(pid: int) -> str:
