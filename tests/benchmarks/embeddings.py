@@ -1,6 +1,6 @@
 """Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
 
-    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 2] [--steps 50] [--scaling]
+    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 2] [--steps 50] [--scaling] [--link 1gbit]
 
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
 logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
@@ -33,6 +33,8 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
+from tests.benchmarks import links  # noqa: E402
 
 ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 PSTRAIN_ONLY = {"1k"}  # sizes below the ids' range: pstrain alone (its ids modulo the rows), for the chief's memory
@@ -335,9 +337,14 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="")
     add_network_flag(parser)
+    links.add_flags(parser)
     args = parser.parse_args()
     private_network = apply_network_flag(args)
     from tests.benchmarks.bench import METHOD, PROBES, machine, run_rounds, setup_lines
+
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
+        print(why, file=sys.stderr)
+        return 2
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {
@@ -362,6 +369,7 @@ def main() -> int:
     if len(compared) > 1 and "pstrain" in peers:
         steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in compared]
         print(f"\npstrain step at {compared[-1]} ÷ at {compared[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.per_execution:
         values = [int(k) for k in args.per_execution.split(",")]
         results["per_execution"] = per_execution(values, batch, args.steps, args.repeats)
