@@ -46,6 +46,7 @@ PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single
 NAMES = {
     "pstrain": "pstrain sync, 2 workers",
     "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
+    "pstrain-keras3": "pstrain sync, 2 workers, the Keras 3 twin",  # tests/benchmarks/embeddings.py --keras3
     "async": "TF2 PS async tuned, 2 workers",
     "async-1step": "TF2 PS async, 1 step per closure, 2 workers",
     "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
