@@ -11,6 +11,7 @@ PROOF = (
     "tests/system/test_two_machines.py",  # docs/two-machines.md
     "tests/system/test_doors_two_machines.py",  # README Security, docs/two-machines.md: outsiders refused, rules removed
     "tests/cluster/launch/test_private_network.py",  # README Security: a local cluster's private network namespace
+    "tests/cluster/launch/test_firewall_guardian.py",  # docs/two-machines.md: no signal leaves the node rules behind
     "tests/system/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
     # docs/embeddings.md: a ps that cannot reach the checkpoint directory
     "tests/system/test_unshared_checkpoints.py::test_a_ps_without_the_run_dir_checkpoints_through_the_chief_and_ends_as_standalone",

@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
+from tests.benchmarks.network import OPEN, add_network_flag, apply_network_flag, network_text, private_network
 from tests.benchmarks.window import block_ends, measure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +46,7 @@ PY = sys.executable
 PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
 NAMES = {
     "pstrain": "pstrain sync, 2 workers",
+    "pstrain-open": "pstrain sync, 2 workers, no private network (TF ports open)",  # --peers only: the doors A/B
     "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
     "pstrain-keras3": "pstrain sync, 2 workers, the Keras 3 twin",  # tests/benchmarks/embeddings.py --keras3
     "async": "TF2 PS async tuned, 2 workers",
@@ -201,6 +203,8 @@ def peer_pstrain(
     argv = [PY, "-m", "cluster.cli", "launch", "--config", str(config), "--job", job or JOBS[size], "--steps", str(steps)]
     argv += ["--checkpoint-every", "0", "--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps)]
     argv += ["--run-dir", str(run_dir)]
+    if not private_network() and "--no-private-network" not in (extra or []):
+        argv += OPEN
     t_launch = time.time()
     run = subprocess.run(
         argv + (extra or []), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})}
@@ -210,7 +214,8 @@ def peer_pstrain(
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if "step" in r and "event" not in r]
     done = next(r for r in records if r.get("event") == "done")
-    per_execution = json.loads((run_dir / "cluster.json").read_text())["train"]["steps_per_execution"]
+    described = json.loads((run_dir / "cluster.json").read_text())
+    per_execution = described["train"]["steps_per_execution"]
     samples = block_ends(records)
     window = measure(samples, steps, t_launch)
     measured = [r for r in steps_ if window["window"][0] < r["step"] <= window["window"][1]] or steps_
@@ -218,7 +223,9 @@ def peer_pstrain(
         **window,
         "t_launch": t_launch,
         "samples": samples,
-        "setup": f"{per_execution} steps per dispatch (a block), the job's arrays shuffled and batched on the workers",
+        "setup": f"{per_execution} steps per dispatch (a block), the job's arrays shuffled and batched on the workers; "
+        + network_text(described["private_network"]),
+        "private_network": described["private_network"],  # as the run recorded it (cluster.json)
         "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
         "chief_peak_rss_mib": done.get("peak_rss_mib"),  # the chief's high-water mark, final checkpoint and export included
@@ -247,7 +254,7 @@ def startup_line(runs: list[dict]) -> str:
 
 def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu") -> dict:
     if peer.startswith("pstrain"):
-        return peer_pstrain(size, batch, steps, extra=K1 if peer == "pstrain-k1" else None, device=device)
+        return peer_pstrain(size, batch, steps, extra={"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer), device=device)
     return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device)
 
 
@@ -308,10 +315,14 @@ def main() -> int:
     parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "pstrain-bench-data"), help="kept for reuse")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="", help="write all results as JSON here")
+    add_network_flag(parser)
     args = parser.parse_args()
+    in_namespace = apply_network_flag(args)
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
-    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": in_namespace}
+    results["runs"] = {}
+    head = f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {network_text(in_namespace)}"
+    print(f"{head}; {METHOD}", flush=True)
     for size in sizes:
         runs, failed = run_rounds(
             lambda peer, size=size: run_peer(peer, size, batch, args.steps, args.device), [*peers, *PROBES], size, args.repeats

@@ -248,9 +248,10 @@ ROLES = {
 
 def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu") -> dict:
     from tests.benchmarks.bench import K1, launch_peer, peer_pstrain
+    from tests.benchmarks.network import OPEN
 
     if peer.startswith("pstrain"):
-        extra = K1 if peer == "pstrain-k1" else None
+        extra = {"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer)
         job = (JOBS_KERAS3 if peer == KERAS3 else JOBS)[size]
         return peer_pstrain(size, batch, steps, workers=workers, job=job, extra=extra, device=device)
     return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device)
@@ -366,6 +367,8 @@ def scaling_table(runs: dict[str, dict[int, list[dict]]], batch: int) -> str:
 
 
 def main() -> int:
+    from tests.benchmarks.network import add_network_flag, apply_network_flag
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1k,1m,10m", help=f"of {', '.join(ROWS)}")
     parser.add_argument("--peers", default=",".join(PEERS))
@@ -378,12 +381,20 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--keras3", action="store_true", help="also the job in Keras 3 (peer pstrain-keras3), at every size")
     parser.add_argument("--out", default="")
+    add_network_flag(parser)
     args = parser.parse_args()
+    private_network = apply_network_flag(args)
     from tests.benchmarks.bench import METHOD, PROBES, machine, run_rounds, setup_lines
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     twin = [KERAS3] if args.keras3 else []
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
+    results: dict = {
+        "machine": machine(),
+        "global_batch": batch,
+        "steps": args.steps,
+        "private_network": private_network,
+        "runs": {},
+    }
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
         here = ["pstrain", *twin] if size in PSTRAIN_ONLY else [*peers, *twin, *PROBES]
