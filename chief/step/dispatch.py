@@ -26,7 +26,7 @@ from chief.state.model_state import allow_loss_scaling_under_ps, build_state, tr
 from chief.state.sharding import partitioner
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
-from chief.step.hybrid import DenseCopies, refuse
+from chief.step.hybrid import DenseCopies, Watchdog, copies_past, refuse
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import TrainingError, user_error
@@ -99,6 +99,7 @@ class ClusterEngine:
         self.dense: DenseCopies | None = None  # train.dense = "allreduce": the workers' copies (chief/step/hybrid.py)
         if train.dense == "allreduce":
             refuse(job, train, self.replica, len(self.workers))
+            self._watchdog = Watchdog()
             self.names = [name for name, rows in zip(self.names, [True, *self.sparse], strict=False) if rows]
         self._fetchers = futures.ThreadPoolExecutor(max_workers=2 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
@@ -178,6 +179,9 @@ class ClusterEngine:
         more slots than workers a closure would wait at the gate for slots queued behind it on its own
         worker: then one step per dispatch, as the closures of a step can run one after another."""
         results: list[StepResult] = []
+        if self.train.dense == "allreduce":
+            self._watchdog.tick()
+            self._watchdog.armed = True
         try:
             start, end = first, first + count
             while start < end:
@@ -193,11 +197,16 @@ class ClusterEngine:
                 if len(block) < size or withheld or interrupted():
                     break  # interrupted, or a step withheld under "stop": the caller checkpoints and stops
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
+            if self.dense is not None and (line := copies_past(e)):
+                raise TrainingError(line) from e
             error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
             found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
             if found is None:
                 raise error from (None if error is e else e)
             raise found from error
+        finally:
+            if self.train.dense == "allreduce":
+                self._watchdog.armed = False
         return results
 
     def _cancelled_by(self, error: tf.errors.CancelledError) -> tf.errors.OpError:
@@ -319,6 +328,8 @@ class ClusterEngine:
         unblocked_at, stalled = None, False
         progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
+            if self.train.dense == "allreduce":
+                self._watchdog.tick()
             done, waiting = futures.wait(waiting, timeout=INTERRUPT_POLL_S, return_when=futures.FIRST_COMPLETED)
             for future in done:
                 if future is applying:

@@ -12,7 +12,11 @@ row-sparse pushes and their update on the ps.
 from __future__ import annotations
 
 import functools
+import os
 import random
+import sys
+import threading
+import time
 
 import tensorflow as tf
 import tf_keras
@@ -27,6 +31,11 @@ from worker.replica.allreduce import WorkerCopy, places
 from worker.replica.replica import Replica
 
 FIX = 'or set train.dense = "ps"'
+COPIES_PAST = "dense copies past its step"  # in the re-run check's message (DenseCopies.check_step)
+# The chief's wait for a block never stops ticking; when it has not ticked this long, TF's recovery of a
+# lost worker holds the chief (seen once: its collectives' partner gone, the coordinator re-ran closures
+# without end while the chief's reads of the ps waited): the run ends rather than hang.
+WATCHDOG_S = 180.0
 
 
 def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str | None:
@@ -143,6 +152,38 @@ class DenseCopies:
         return tf.debugging.assert_equal(
             self.step.read_value(),
             step,
-            message='train.dense = "allreduce": a re-run closure found its worker\'s dense copies past its step; '
-            "run the same command again to resume from the last checkpoint",
+            message=f"train.dense = allreduce: a re-run closure found its worker's {COPIES_PAST}",
         )
+
+
+def copies_past(error: Exception) -> str | None:
+    """The one line for a closure that stopped at `DenseCopies.check_step`, or None for another error."""
+    if COPIES_PAST not in str(error):
+        return None
+    return (
+        f'train.dense = "allreduce": a closure re-run after a worker failed found its worker\'s {COPIES_PAST}; '
+        "run the same command again to resume from the last checkpoint"
+    )
+
+
+class Watchdog:
+    """Ends the process (one line on stderr, exit 1) when armed and not ticked for `limit_s` seconds."""
+
+    def __init__(self, limit_s: float = WATCHDOG_S):
+        self.limit_s, self.armed, self.last = limit_s, False, time.monotonic()
+        threading.Thread(target=self._watch, name="pstrain-hybrid-watchdog", daemon=True).start()
+
+    def tick(self) -> None:
+        self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            if self.armed and time.monotonic() - self.last > self.limit_s:
+                sys.stderr.write(
+                    f'pstrain: error: train.dense = "allreduce": no progress for {self.limit_s:.0f}s (a worker failed or '
+                    "hangs and the collectives were not re-formed); run the same command again to resume from the "
+                    "last checkpoint\n"
+                )
+                sys.stderr.flush()
+                os._exit(1)
