@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from chief.contract.job import load_job
 from chief.state.model_state import build_state
-from chief.step.hybrid import refusal
+from chief.step.hybrid import copies_past, refusal
 from cluster.config import TrainConfig
 from worker.replica.gradients import sparse_variables
 from worker.replica.replica import Replica
@@ -68,3 +68,15 @@ def test_forward_pass_state_and_a_model_without_dense_variables_are_refused(adam
     tables_only = dataclasses.replace(r, sparse=tuple(True for _ in r.sparse))
     why = refusal(job, TRAIN, tables_only, workers=2)
     assert why is not None and "no dense trainable variable" in why
+
+
+def test_the_copies_step_check_is_said_in_one_line_and_other_errors_are_left_alone():
+    error = tf.errors.InvalidArgumentError(
+        None,
+        None,
+        "assertion failed: [train.dense = allreduce: a re-run closure found its worker\\'s dense copies past its step]",
+    )
+    line = copies_past(error)
+    assert line is not None and line.startswith('train.dense = "allreduce"') and "run the same command again" in line
+    assert "\n" not in line
+    assert copies_past(tf.errors.InvalidArgumentError(None, None, "shapes differ")) is None
