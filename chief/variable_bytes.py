@@ -1,6 +1,6 @@
 """The bytes each trainable variable moves per step, from the user's job: `pstrain plan` runs
 `python -m chief.variable_bytes JOB EXAMPLES_PER_WORKER`, which prints one JSON list of
-{name, bytes, rows, pull_bytes, push_bytes} (cluster/ imports no chief/ module but the CLI's entry points).
+{name, bytes, rows, pull_bytes, push_bytes, split_refused} (cluster/ imports no chief/ module but the CLI's entry points).
 
 A variable whose gradient is an `IndexedSlices` (an embedding's table) is row-sparse: a worker
 pulls and pushes only the rows its batch touches (docs/embeddings.md), counted here on a sample of
@@ -35,7 +35,21 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
         total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in tf.nest.flatten(outputs)])
     variables = trainable_of(model)  # tf.Variables, a Keras 3 model's too
     gradients = tape.gradient(total, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return [describe(v, g) for v, g in zip(variables, gradients, strict=True)]
+    refused = split_refusals(job, model) or [""] * len(variables)
+    return [{**describe(v, g), "split_refused": r} for v, g, r in zip(variables, gradients, refused, strict=True)]
+
+
+def split_refusals(job: Any, model: Any) -> list[str]:
+    """Per trainable variable: why the launch would refuse it split over ps (a Keras 3 job's Lamb,
+    Adafactor, Muon, a constraint: chief/state/keras3_shards.py), or "" where it trains split; none
+    for a tf_keras job (nothing of it is refused split)."""
+    from chief.contract.framework import KERAS3, framework_of
+    from chief.state.keras3_shards import split_refusal
+
+    if framework_of(model) != KERAS3:
+        return []
+    optimizer = job.optimizer_fn()
+    return [split_refusal(optimizer, v) or "" for v in model.trainable_variables]
 
 
 def describe(variable: Any, gradient: Any) -> dict:

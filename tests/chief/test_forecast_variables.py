@@ -45,3 +45,17 @@ def test_a_keras3_table_is_split_as_the_launch_splits_it_and_moves_its_rows():
 
     assert getattr(keras.layers.Embedding.call, ROUTED, False), "loading the job routed the lookup to the ps"
     assert table.pull_bytes == table.push_bytes < table.bytes and table.push_bytes % (48 * 4 + 8) == 0
+
+
+def test_a_keras3_table_the_launch_refuses_split_says_why():
+    """ShardedLamb (Lamb's update of the table is not elementwise) is refused on 2 ps by the launch
+    (tests/system/test_keras3.py); the forecast's variables carry the launch's reason, the plan finds it
+    at 2 ps, and Sharded (Adam, a NonNeg kernel) carries none."""
+    from cluster.forecast.model import Variable, refused_split
+
+    lamb = [Variable(**v) for v in job_variables("tests.jobs.keras3:ShardedLamb", 16)]
+    table = next(v for v in lamb if v.name == "big_table/embeddings:0")
+    assert table.split_refused.startswith("optimizer_fn: a Keras 3 Lamb updates big_table/embeddings as a whole")
+    assert refused_split(lamb, [1, 4, 2]) == (2, table.split_refused) and refused_split(lamb, [1]) is None
+    adam = [Variable(**v) for v in job_variables("tests.jobs.keras3:Sharded", 16)]
+    assert not any(v.split_refused for v in adam) and refused_split(adam, [1, 2, 4]) is None
