@@ -42,6 +42,10 @@ class RunDir:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
 
+    def resolved(self) -> RunDir:
+        """The same run dir by its absolute path, symlinks resolved (the same path on every node)."""
+        return RunDir(self.path.resolve())
+
     @property
     def config_record(self) -> Path:
         """cluster.json: the resolved cluster and [train] settings (`describe`), written by `prepare`."""

@@ -101,18 +101,24 @@ def control_record(
     return rundir.ControlRecord(client_target(cluster.control), engine, token, ca, socket.gethostname(), os.getpid())
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", where: str = "launch") -> int:
-    """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
+def launch(
+    config: Config,
+    layout: rundir.RunDir,
+    local_tasks: set[tuple[str, int]] | None = None,
+    control_bind: str = "",
+    where: str = "launch",
+) -> int:
+    """Run the chief's side of a cluster in `layout` (the RunDir of `config.train.run_dir`, made by the
+    entry point); returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
     `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
     `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/closing.py).
     """
-    train, local = config.train, local_addresses()
+    local = local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
-    layout = rundir.RunDir(train.run_dir)  # the run's one layout, passed down from here
     check_writable(layout)  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(layout, "pstrain launch") as lock:  # before anything is written there

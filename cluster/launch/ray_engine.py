@@ -182,12 +182,13 @@ def place(ray: Any, hosts: dict, run_dir: rundir.RunDir, timeout: float, stop: S
     return placed
 
 
-def launch_ray(config: Config) -> int:
-    """Run the cluster of `config` on Ray; returns the exit code, as `launch` does."""
+def launch_ray(config: Config, layout: rundir.RunDir) -> int:
+    """Run the cluster of `config` on Ray in `layout` (the RunDir of `config.train.run_dir`, made by the
+    entry point); returns the exit code, as `launch` does."""
     cluster = config.cluster
     check_counts_only(cluster)
-    config = with_train(config, run_dir=str(Path(config.train.run_dir).resolve()))  # the same path on every node
-    layout = rundir.RunDir(config.train.run_dir)  # the run's one layout, passed down from here
+    layout = layout.resolved()  # the same path on every node
+    config = with_train(config, run_dir=str(layout.path))
     check_writable(layout)  # before Ray places anything, as `launch` checks
     ray = import_ray(cluster.ray_address)
     tasks = tasks_of(cluster)
