@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,6 +68,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def checkpoint_state(self) -> Path:
+        """checkpoints/checkpoint: TF's state file naming the latest checkpoint and those kept."""
+        return self.checkpoints / CHECKPOINT_STATE
 
     @property
     def evaluations(self) -> Path:
@@ -307,18 +313,61 @@ def write_secret(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
+# Checkpoint names: checkpoint N of a run is the prefix `checkpoints/ckpt-N` (files `ckpt-N.index` and
+# `ckpt-N.data-K-of-M`; a write in progress `ckpt-N_temp`), listed in the state file `checkpoints/checkpoint`
+# as TF's checkpoint_management writes it. Only this module builds or parses the name (tests/test_owners.py).
+CHECKPOINT_STATE = "checkpoint"
+_INDEX = re.compile(r"ckpt-(\d+)\.index")
+_DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
+
+
+def checkpoint_name(step: int) -> str:
+    """The prefix's name of checkpoint `step` in checkpoints/ (TF adds `.index`, `.data-*`). Pure."""
+    return f"ckpt-{step}"
+
+
 def checkpoint_step(state_text: str) -> int | None:
     """The step of the latest checkpoint a `checkpoints/checkpoint` state file names (None: none). Pure."""
-    import re
-
     found = re.search(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', state_text, re.M)
     return int(found.group(1)) if found else None
+
+
+def checkpoint_prefixes(directory: Path) -> list[Path]:
+    """Every complete checkpoint's prefix (its index written) in the checkpoints `directory`, oldest first."""
+    found = [(int(m.group(1)), p) for p in directory.glob("ckpt-*.index") if (m := _INDEX.fullmatch(p.name))]
+    return [p.with_suffix("") for _, p in sorted(found)]
+
+
+def partial_saves(directory: Path) -> list[Path]:
+    """What an interrupted save left in the checkpoints `directory`: `ckpt-N_temp` files and directories,
+    and data files whose index was never written."""
+    data = [(p, m.group(1)) for p in directory.glob("ckpt-*.data-*") if (m := _DATA.fullmatch(p.name))]
+    unindexed = [p for p, prefix in data if not (directory / f"{prefix}.index").exists()]
+    return sorted([*directory.glob("*_temp*"), *unindexed])
+
+
+def newest_checkpoint_bytes(*directories: Path) -> int:
+    """The size of the newest complete checkpoint (by its index's time) in any of the checkpoints
+    `directories`: its index and data files; 0 when there is none."""
+    try:
+        indexes = [p for d in directories for p in d.glob("ckpt-*.index") if _INDEX.fullmatch(p.name)]
+        if not indexes:
+            return 0
+        newest = max(indexes, key=lambda p: p.stat().st_mtime)
+        return sum(p.stat().st_size for p in newest.parent.glob(newest.name.removesuffix(".index") + ".*"))
+    except OSError:  # a checkpoint deleted (MAX_TO_KEEP) between the listing and its stat
+        return 0
+
+
+def checkpoint_bytes_within(path: Path) -> int:
+    """`newest_checkpoint_bytes` of the run dir `path` and of the run dirs directly inside it (`runs/`)."""
+    return newest_checkpoint_bytes(*(RunDir(p).checkpoints for p in (path, *path.glob("*/"))))
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint, read without TensorFlow; None when there is none."""
     try:
-        return checkpoint_step((RunDir(run_dir).checkpoints / "checkpoint").read_text())
+        return checkpoint_step(RunDir(run_dir).checkpoint_state.read_text())
     except OSError:
         return None
 
