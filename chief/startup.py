@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from chief.contract.framework import variables_of
 from chief.contract.job import Job, load_job
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import train_source
@@ -18,7 +19,6 @@ from chief.epochs import Epochs, epochs_for, pass_length
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints
-from chief.state.model_state import variables_of
 from chief.state.route import open_checkpoints
 from chief.state.sharding import placement_summary
 from chief.step.dispatch import ClusterEngine, connect

@@ -27,8 +27,8 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.checkpoint import checkpoint_management
 
-from chief.contract.framework import seed_states
-from chief.state.model_state import ModelState, finalize_layers, variables_of
+from chief.contract.framework import seed_states, variables_of
+from chief.state.model_state import ModelState, finalize_layers
 from cluster.errors import TrainingError, writing
 from cluster.rundir import CHECKPOINT_STATE, checkpoint_name, checkpoint_prefixes, partial_saves
 
