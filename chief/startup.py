@@ -121,7 +121,7 @@ def start_run(
     startup = StartupClock()
     check_writable(run_dir)  # before anything, the restore included: a run that could not save is refused now
     with writing(run_dir.path):
-        note_start(run_dir.path, "chief")  # `done in` counts restarts (cluster/run_times.py)
+        note_start(run_dir, "chief")  # `done in` counts restarts (cluster/run_times.py)
     starts = read_records(run_dir.starts)  # read now: the run's times, whatever befalls the run dir
     stop_point(stop)
     if not wait_until_ready(train.startup_timeout + 30, stopped=lambda: stop.requested):

@@ -378,7 +378,7 @@ def run_standalone(config: Config) -> int:
     check_writable(run_dir)
     with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
         with writing(run_dir.path):
-            rundir.prepare(run_dir.path, rundir.describe("standalone", config.train, None), config.train)
+            rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
         with native_stderr_to(run_dir.log("standalone")):  # TensorFlow's C++ start-up lines: the log, not the console
             from chief.trainer import main_guarded
 

@@ -1,7 +1,8 @@
 """The run directory: its layout (`RunDir`), the config record (cluster.json), metrics.jsonl as read back,
 and whether an existing one may be resumed. Every reader and writer of a run directory takes its paths
 here (tests/test_owners.py refuses a `run_dir /` join elsewhere); metrics.jsonl and cluster.json are parsed
-nowhere else. `python -m chief` builds one RunDir and passes it down.
+nowhere else. A RunDir is made where a run dir enters a process (`python -m chief`, `pstrain`) and passed
+down: the helpers here take it, not a path to wrap again.
 """
 
 from __future__ import annotations
@@ -173,35 +174,35 @@ class ControlRecord:
     pid: int = 0
 
 
-def write_control(run_dir: Path, record: ControlRecord) -> None:
+def write_control(run_dir: RunDir, record: ControlRecord) -> None:
     """Write control.json whole (a reader never sees half of it)."""
-    path = RunDir(run_dir).control_record
+    path = run_dir.control_record
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
     tmp.replace(path)
 
 
-def remove_control(run_dir: Path, record: ControlRecord) -> None:
+def remove_control(run_dir: RunDir, record: ControlRecord) -> None:
     """Remove control.json when it is still `record`'s (a later launch may have written its own)."""
     try:
         if read_control(run_dir) == record:
-            RunDir(run_dir).control_record.unlink(missing_ok=True)
+            run_dir.control_record.unlink(missing_ok=True)
     except (ConfigError, OSError):
         pass
 
 
-def read_control(run_dir: Path) -> ControlRecord:
+def read_control(run_dir: RunDir) -> ControlRecord:
     """control.json of `run_dir`; ConfigError (one line) when there is none or it does not parse."""
-    path = RunDir(run_dir).control_record
-    if not run_dir.is_dir():
-        raise ConfigError(f"--run-dir: {run_dir} is not a directory; give the --run-dir of a running pstrain launch")
+    path = run_dir.control_record
+    if not run_dir.path.is_dir():
+        raise ConfigError(f"--run-dir: {run_dir.path} is not a directory; give the --run-dir of a running pstrain launch")
     try:
         data = json.loads(path.read_text())
         return ControlRecord(**{k: data[k] for k in ("target", "engine", "token_file")}, **_optional(data))
     except FileNotFoundError:
         raise ConfigError(
-            f"--run-dir: {run_dir} has no control.json: no pstrain launch is serving a control plane there "
-            "(it ended, or the run is standalone); start one with: pstrain launch --run-dir " + str(run_dir)
+            f"--run-dir: {run_dir.path} has no control.json: no pstrain launch is serving a control plane there "
+            "(it ended, or the run is standalone); start one with: pstrain launch --run-dir " + str(run_dir.path)
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--run-dir: cannot read {path} ({e}); give the --run-dir of a running pstrain launch") from None
@@ -211,22 +212,22 @@ def _optional(data: dict[str, Any]) -> dict[str, Any]:
     return {k: data[k] for k in ("tls_ca", "host", "pid") if k in data}
 
 
-def write_stop_cause(run_dir: Path, cause: str) -> None:
-    RunDir(run_dir).stop_cause.write_text(cause + "\n")
+def write_stop_cause(run_dir: RunDir, cause: str) -> None:
+    run_dir.stop_cause.write_text(cause + "\n")
 
 
-def read_stop_cause(run_dir: Path) -> str:
+def read_stop_cause(run_dir: RunDir) -> str:
     """The cause the launcher wrote ("" when none: a stop by a signal, or no launcher)."""
     try:
-        return RunDir(run_dir).stop_cause.read_text().strip()
+        return run_dir.stop_cause.read_text().strip()
     except OSError:
         return ""
 
 
-def latest_step(run_dir: Path) -> tuple[int, float] | None:
+def latest_step(run_dir: RunDir) -> tuple[int, float] | None:
     """(steps done, wall time at the end of that step's block) from the newest step line of metrics.jsonl
     (whose "step" counts from 0); None before the first step."""
-    for record in reversed(RunDir(run_dir).read_metrics()):
+    for record in reversed(run_dir.read_metrics()):
         if "event" not in record and "step" in record and "time" in record:
             return int(record["step"]) + 1, float(record["time"])
     return None
@@ -280,9 +281,8 @@ def check_compatible(previous: dict[str, Any], train: TrainConfig) -> None:
             )
 
 
-def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
+def prepare(layout: RunDir, record: dict[str, Any], train: TrainConfig) -> None:
     """Create the layout and write cluster.json, after checking any earlier run there."""
-    layout = RunDir(run_dir)
     path = layout.config_record
     if path.exists():
         try:
@@ -295,13 +295,13 @@ def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
-    note_start(run_dir, "launch")
+    note_start(layout, "launch")
 
 
-def note_start(run_dir: Path, event: str, now: float | None = None) -> None:
+def note_start(run_dir: RunDir, event: str, now: float | None = None) -> None:
     """Append a start record ("launch" or "chief") to RUN_DIR/starts.jsonl: how `done in` counts from
     the first launch and counts restarts."""
-    with open(RunDir(run_dir).starts, "a") as f:
+    with open(run_dir.starts, "a") as f:
         f.write(json.dumps({"event": event, "time": round(time.time() if now is None else now, 3)}) + "\n")
 
 
@@ -364,27 +364,23 @@ def checkpoint_bytes_within(path: Path) -> int:
     return newest_checkpoint_bytes(*(RunDir(p).checkpoints for p in (path, *path.glob("*/"))))
 
 
-def latest_checkpoint_step(run_dir: Path) -> int | None:
+def latest_checkpoint_step(run_dir: RunDir) -> int | None:
     """The step of the run's latest complete checkpoint, read without TensorFlow; None when there is none."""
     try:
-        return checkpoint_step(RunDir(run_dir).checkpoint_state.read_text())
+        return checkpoint_step(run_dir.checkpoint_state.read_text())
     except OSError:
         return None
 
 
-def checkpoint_progress(run_dir: Path) -> tuple[tuple[str, int], ...]:
+def checkpoint_progress(run_dir: RunDir) -> tuple[tuple[str, int], ...]:
     """The names and sizes of RUN_DIR/checkpoints' files, with those inside a write's `ckpt-N_temp`
     directory: a write in progress grows them, a finished one renames them and adds its index. Two
     looks that differ show the write progressed."""
     found: list[tuple[str, int]] = []
     try:
-        for path in (RunDir(run_dir).checkpoints).iterdir():
+        for path in run_dir.checkpoints.iterdir():
             inside = list(path.iterdir()) if path.is_dir() else [path]
             found += [(f"{path.name}/{f.name}", f.stat().st_size) for f in inside]
     except OSError:  # no directory yet; or a file renamed between the listing and its stat: a change
         found.append(("", -1))
     return tuple(sorted(found))
-
-
-def load_train(run_dir: Path) -> TrainConfig:
-    return RunDir(run_dir).train()

@@ -144,9 +144,9 @@ def launch_locked(
 ) -> int:
     """`launch` once the run dir is locked, under the caller's `stop` trap; `supervisor` starts the
     tasks (default: processes here; the Ray engine's starts them in Ray actors on the nodes Ray chose)."""
-    train, run_dir = config.train, lock.run_dir
+    train, run_dir, layout = config.train, lock.run_dir, lock.layout
     with writing(run_dir):
-        rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
+        rundir.prepare(layout, rundir.describe("cluster", train, cluster), train)
         hint = token_hint(cluster, lock.layout, creds)
         lock.layout.stop_cause.unlink(missing_ok=True)  # a killed launch's
     supervisor = supervisor or Supervisor(lock.layout.logs)
@@ -163,7 +163,7 @@ def launch_locked(
         server = serve_control_plane(cluster, registry, creds, stop, control_bind)
         record = control_record(cluster, lock.layout, hint, creds, engine or cluster.engine)
         with writing(run_dir):
-            rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
+            rundir.write_control(layout, record)  # `pstrain status|stop|doctor --run-dir` read it
             lock.set_control(str(run_dir.absolute()))  # the refusal's `pstrain stop --run-dir`, from anywhere
         say(f"control plane at {cluster.control}; watch it with: pstrain status --run-dir {run_dir}")
         env = control_env(replace(config, cluster=cluster), creds)
@@ -178,11 +178,11 @@ def launch_locked(
         try:
             failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
             if stop.requested:
-                return say_stopped(stop, latest_checkpoint_step(run_dir), "start-up")
+                return say_stopped(stop, latest_checkpoint_step(layout), "start-up")
             if failure:
                 raise PstrainError(failure)
             ready.touch()
-            return ClusterWatch(supervisor, registry, cluster, train.startup_timeout, stop, run_dir).run(chief)
+            return ClusterWatch(supervisor, registry, cluster, train.startup_timeout, stop, layout).run(chief)
         finally:
             ready.unlink(missing_ok=True)
     finally:
@@ -192,7 +192,7 @@ def launch_locked(
             linger_for_remote_nodes(registry, cluster, local)
             server.stop(grace=1)
         if record is not None:
-            rundir.remove_control(run_dir, record)
+            rundir.remove_control(layout, record)
         with contextlib.suppress(OSError):
             lock.layout.stop_cause.unlink(missing_ok=True)
 
