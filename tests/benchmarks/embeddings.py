@@ -1,6 +1,6 @@
 """Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
 
-    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 2] [--steps 50] [--scaling]
+    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 2] [--steps 50] [--scaling] [--link 1gbit]
 
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
 logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
@@ -33,6 +33,8 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
+from tests.benchmarks import links  # noqa: E402
 
 ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 PSTRAIN_ONLY = {"1k"}  # sizes below the ids' range: pstrain alone (its ids modulo the rows), for the chief's memory
@@ -208,9 +210,10 @@ ROLES = {
 
 def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu") -> dict:
     from tests.benchmarks.bench import K1, launch_peer, peer_pstrain
+    from tests.benchmarks.network import OPEN
 
     if peer.startswith("pstrain"):
-        extra = K1 if peer == "pstrain-k1" else None
+        extra = {"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer)
         return peer_pstrain(size, batch, steps, workers=workers, job=JOBS[size], extra=extra, device=device)
     return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device)
 
@@ -320,6 +323,8 @@ def scaling_table(runs: dict[str, dict[int, list[dict]]], batch: int) -> str:
 
 
 def main() -> int:
+    from tests.benchmarks.network import add_network_flag, apply_network_flag
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1k,1m,10m", help=f"of {', '.join(ROWS)}")
     parser.add_argument("--peers", default=",".join(PEERS))
@@ -331,11 +336,24 @@ def main() -> int:
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="")
+    add_network_flag(parser)
+    links.add_flags(parser)
     args = parser.parse_args()
+    private_network = apply_network_flag(args)
     from tests.benchmarks.bench import METHOD, PROBES, machine, run_rounds, setup_lines
 
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
+        print(why, file=sys.stderr)
+        return 2
+
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
+    results: dict = {
+        "machine": machine(),
+        "global_batch": batch,
+        "steps": args.steps,
+        "private_network": private_network,
+        "runs": {},
+    }
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
         here = ["pstrain"] if size in PSTRAIN_ONLY else [*peers, *PROBES]
@@ -351,6 +369,7 @@ def main() -> int:
     if len(compared) > 1 and "pstrain" in peers:
         steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in compared]
         print(f"\npstrain step at {compared[-1]} ÷ at {compared[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.per_execution:
         values = [int(k) for k in args.per_execution.split(",")]
         results["per_execution"] = per_execution(values, batch, args.steps, args.repeats)
