@@ -9,8 +9,10 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from chief.contract.framework import KERAS3, framework_of
 from chief.contract.job import Job
 from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build
+from chief.state.keras3_shards import build_on_shards, refuse_sharded
 from chief.state.unfilled import unfilled_initializers
 
 log = logging.getLogger("pstrain.chief")
@@ -51,6 +53,7 @@ def build_state(job: Job, seed: int, sample, ps_init_min_bytes: int | None = Non
         if on_ps:
             log.info("initial values computed on the ps: %s", ", ".join(on_ps))
     optimizer = job.optimizer_fn()
+    refuse_sharded(job.spec, model, optimizer)  # a Keras 3 variable split over ps: what would not be exact
     create_optimizer_slots(optimizer, model.trainable_variables)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     return ModelState(model=model, optimizer=optimizer, global_step=global_step)
@@ -79,8 +82,11 @@ def finalize_layers(model: tf_keras.Model) -> None:
 
 
 def create_optimizer_slots(optimizer, variables) -> None:
-    """Create slot variables now, so a checkpoint restores into them and they live with the variables."""
-    if hasattr(optimizer, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
+    """Create slot variables now, so a checkpoint restores into them and they live with the variables
+    (a Keras 3 optimizer's on the shards of a variable split over ps tasks)."""
+    if framework_of(optimizer) == KERAS3:
+        build_on_shards(optimizer, list(variables))
+    elif hasattr(optimizer, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
         optimizer._create_all_weights(variables)
     elif hasattr(optimizer, "build"):  # tf_keras.optimizers.* (new-style)
         optimizer.build(variables)

@@ -50,6 +50,7 @@ NAMES = {
     "pstrain": "pstrain sync, 2 workers",
     "pstrain-open": "pstrain sync, 2 workers, no private network (TF ports open)",  # --peers only: the doors A/B
     "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
+    "pstrain-keras3": "pstrain sync, 2 workers, the Keras 3 twin",  # tests/benchmarks/embeddings.py --keras3
     "async": "TF2 PS async tuned, 2 workers",
     "async-1step": "TF2 PS async, 1 step per closure, 2 workers",
     "tf1": "TF1 SyncReplicasOptimizer, 2 workers",

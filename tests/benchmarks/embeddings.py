@@ -16,6 +16,8 @@ MultiWorkerMirroredStrategy, one process; and the transfer limit: closures that 
 touched rows from the ps and write as many back, no compute.
 --scaling: pstrain and TF1 with 1, 2, 4 and 8 workers (1 M rows, global batch fixed, 1 ps).
 --per-execution 1,4,16,64: pstrain alone with each number of steps per dispatch (1 M rows), interleaved.
+--keras3: also the same job written with Keras 3 (`import keras`: the same layers, loss and SGD) as the
+peer pstrain-keras3, beside the tf_keras job at every size (1k too).
 
 Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS
 """
@@ -40,6 +42,7 @@ ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 PSTRAIN_ONLY = {"1k"}  # sizes below the ids' range: pstrain alone (its ids modulo the rows), for the chief's memory
 DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
 PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
+KERAS3 = "pstrain-keras3"  # the Keras 3 twin of pstrain's job (--keras3)
 
 
 @lru_cache(maxsize=1)
@@ -58,6 +61,21 @@ def build_model(size: str):
             tf_keras.layers.GlobalAveragePooling1D(),
             tf_keras.layers.Dense(HIDDEN, activation="relu"),
             tf_keras.layers.Dense(CLASSES),
+        ]
+    )
+
+
+def build_keras3_model(size: str):
+    """build_model's twin in Keras 3 (`import keras`): the same layers and shapes."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input(shape=(TOKENS,), dtype="int32"),
+            keras.layers.Embedding(ROWS[size], DIM),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(CLASSES),
         ]
     )
 
@@ -115,7 +133,29 @@ class Emb10M(_Job):
     size = "10m"
 
 
+class _Keras3Job(_Job):
+    """The same job in Keras 3: its model, its loss (mean sparse cross-entropy of logits), plain SGD."""
+
+    @classmethod
+    def model_fn(cls):
+        return build_keras3_model(cls.size)
+
+    @staticmethod
+    def loss_fn():
+        import keras
+
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @staticmethod
+    def optimizer_fn():
+        import keras
+
+        return keras.optimizers.SGD(learning_rate=0.05)
+
+
+Emb1KKeras3, Emb1MKeras3, Emb5MKeras3, Emb10MKeras3 = (type(f"Emb{s.upper()}Keras3", (_Keras3Job,), {"size": s}) for s in ROWS)
 JOBS = {size: f"tests.benchmarks.embeddings:Emb{size.upper()}" for size in ROWS}
+JOBS_KERAS3 = {size: f"tests.benchmarks.embeddings:Emb{size.upper()}Keras3" for size in ROWS}
 
 
 def dense_parameters() -> int:
@@ -214,7 +254,8 @@ def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, dev
 
     if peer.startswith("pstrain"):
         extra = {"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer)
-        return peer_pstrain(size, batch, steps, workers=workers, job=JOBS[size], extra=extra, device=device)
+        job = (JOBS_KERAS3 if peer == KERAS3 else JOBS)[size]
+        return peer_pstrain(size, batch, steps, workers=workers, job=job, extra=extra, device=device)
     return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device)
 
 
@@ -249,10 +290,15 @@ def chief_peak(runs: dict[str, list[dict]]) -> int:
 def chief_line(size: str, runs: dict[str, list[dict]]) -> str:
     """A pstrain-only size: its step and the chief's peak beside the table's size."""
     step = statistics.median(r["step_s"] for r in runs["pstrain"])
-    return (
+    line = (
         f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP (ids modulo {ROWS[size]:,}), pstrain alone: step "
         f"{step * 1000:.1f} ms; pstrain chief peak RSS {chief_peak(runs):,} MiB (table {table_mib(size):,.1f} MiB)"
     )
+    if runs.get(KERAS3):  # --keras3: the twin beside it
+        twin = statistics.median(r["step_s"] for r in runs[KERAS3])
+        peak = max(r["chief_peak_rss_mib"] for r in runs[KERAS3])
+        line += f"; the Keras 3 twin: step {twin * 1000:.1f} ms, chief peak RSS {peak:,} MiB"
+    return line
 
 
 def chief_memory_line(runs_by_size: dict[str, dict[str, list[dict]]]) -> str:
@@ -335,6 +381,7 @@ def main() -> int:
     parser.add_argument("--per-execution", default="", help="also pstrain with each K steps per dispatch, e.g. 1,4,16,64")
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
+    parser.add_argument("--keras3", action="store_true", help="also the job in Keras 3 (peer pstrain-keras3), at every size")
     parser.add_argument("--out", default="")
     add_network_flag(parser)
     links.add_flags(parser)
@@ -347,6 +394,7 @@ def main() -> int:
         return 2
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
+    twin = [KERAS3] if args.keras3 else []
     results: dict = {
         "machine": machine(),
         "global_batch": batch,
@@ -356,7 +404,7 @@ def main() -> int:
     }
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        here = ["pstrain"] if size in PSTRAIN_ONLY else [*peers, *PROBES]
+        here = ["pstrain", *twin] if size in PSTRAIN_ONLY else [*peers, *twin, *PROBES]
         runs, failed = run_rounds(
             lambda peer, size=size: run_peer(peer, size, batch, args.steps, device=args.device), here, size, args.repeats
         )
