@@ -75,25 +75,33 @@ def slot_order(optimizer: Any, model_variables: list, optimizer_variables: list)
 
 
 def refuse_sharded(spec: str, model: Any, optimizer: Any) -> None:
-    """Raise JobError (one line) for what would not train exactly with a Keras 3 variable split over ps:
-    an optimizer whose update is not elementwise, weight-decay exclusions, a constraint (NonNeg aside)."""
-    split = [v for v in model.trainable_variables if sharded_value(v) is not None]
-    if not split or framework_of(optimizer) != KERAS3:
+    """Raise JobError (one line) for what would not train exactly with a Keras 3 variable split over ps
+    (`split_refusal`)."""
+    if framework_of(optimizer) != KERAS3:
         return
+    for v in model.trainable_variables:
+        if sharded_value(v) is not None and (reason := split_refusal(optimizer, v)):
+            raise JobError(f"--job {spec}: {reason}")
+
+
+def split_refusal(optimizer: Any, variable: Any) -> str | None:
+    """Why the Keras 3 `variable` would not train exactly split over ps with the Keras 3 `optimizer`
+    (the line's text after `--job SPEC: `): an optimizer whose update is not elementwise, weight-decay
+    exclusions, a constraint (NonNeg aside); None where it would. `pstrain plan` says it before measuring."""
     import keras
 
     fix = "use --ps 1 (no variable is split)"
     kind = type(optimizer).__name__
     if kind not in ELEMENTWISE:
-        raise JobError(
-            f"--job {spec}: optimizer_fn: a Keras 3 {kind} updates {split[0].path} as a whole, which is split across ps "
+        return (
+            f"optimizer_fn: a Keras 3 {kind} updates {variable.path} as a whole, which is split across ps "
             f"tasks; {fix}, or one of {', '.join(ELEMENTWISE)}"
         )
     if getattr(optimizer, "_exclude_from_weight_decay", None) or getattr(optimizer, "_exclude_from_weight_decay_pattern", None):
-        raise JobError(f"--job {spec}: optimizer_fn: exclude_from_weight_decay with a variable split across ps tasks; {fix}")
-    for v in split:
-        if v.constraint is not None and not isinstance(v.constraint, keras.constraints.NonNeg):
-            raise JobError(
-                f"--job {spec}: model_fn: {v.path} has a {type(v.constraint).__name__} constraint and is split across ps "
-                f"tasks, where it would apply per shard; {fix}, or drop the constraint (NonNeg works on shards)"
-            )
+        return f"optimizer_fn: exclude_from_weight_decay with a variable split across ps tasks; {fix}"
+    if variable.constraint is not None and not isinstance(variable.constraint, keras.constraints.NonNeg):
+        return (
+            f"model_fn: {variable.path} has a {type(variable.constraint).__name__} constraint and is split across ps "
+            f"tasks, where it would apply per shard; {fix}, or drop the constraint (NonNeg works on shards)"
+        )
+    return None
