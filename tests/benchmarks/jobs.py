@@ -67,7 +67,7 @@ def fresh_batch(seed, n: int, size: str = ""):
     return tf.random.stateless_normal([n, INPUTS], sx), tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
 
 
-def example(seed):
+def example(seed, size: str = ""):
     """One example drawn as fresh_batch draws each of its n (pstrain's: tests/benchmarks/drawn.py)."""
     x, y = fresh_batch(seed, 1)
     return x[0], y[0]
