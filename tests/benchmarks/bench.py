@@ -40,6 +40,7 @@ from pathlib import Path
 
 import psutil
 
+from tests.benchmarks.drawn import check_fits
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
 from tests.benchmarks.rounds import PeerFailed, add_round_args, record, run_rounds, sweep_line, sweep_values
 from tests.benchmarks.window import block_ends, measure
@@ -291,6 +292,8 @@ def main() -> int:
     parser.add_argument("--out", default="", help="write all results as JSON here")
     add_round_args(parser)
     args = parser.parse_args()
+    if why := check_fits(args.steps, args.global_batch_size):
+        parser.error(why)
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
