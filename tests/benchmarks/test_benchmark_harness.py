@@ -81,9 +81,9 @@ def assert_each_peer_ran_as_named(stdout: str, data: dict, size: str, steps: int
     assert first["data_digest"] != second["data_digest"] and first["initial_sums"] == second["initial_sums"]
     assert first["sums"] == pytest.approx(second["sums"], rel=1e-7, abs=1e-9), (first["sums"], second["sums"])
     moved = [abs(a - b) for a, b in zip(first["sums"], first["initial_sums"], strict=True)]
-    # Most variables moved by far more than the tolerance above (a logits' bias sums a softmax
-    # gradient, zero by construction, so its sum barely moves).
-    assert sum(m > 1e-4 for m in moved) >= 3, moved
+    # At least three variables moved by far more than the tolerance above (10,000x its absolute part;
+    # a logits' bias sums a softmax gradient, zero by construction, so its sum barely moves).
+    assert sum(m > 1e-5 for m in moved) >= 3, moved
     return runs
 
 
