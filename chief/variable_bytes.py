@@ -24,6 +24,7 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
+    from chief.contract.framework import KERAS3, framework_of
     from chief.contract.job import load_job
     from chief.state.model_state import trainable_of
 
@@ -35,11 +36,14 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
         total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in tf.nest.flatten(outputs)])
     variables = trainable_of(model)  # tf.Variables, a Keras 3 model's too
     gradients = tape.gradient(total, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return [describe(v, g) for v, g in zip(variables, gradients, strict=True)]
+    read_whole = framework_of(model) == KERAS3
+    return [describe(v, g, read_whole) for v, g in zip(variables, gradients, strict=True)]
 
 
-def describe(variable: Any, gradient: Any) -> dict:
-    """A variable's sizes; a row-sparse gradient moves its unique rows (and their int64 indices)."""
+def describe(variable: Any, gradient: Any, read_whole: bool = False) -> dict:
+    """A variable's sizes; a row-sparse gradient moves its unique rows (and their int64 indices).
+    `read_whole`: the forward pass reads the whole variable, whatever rows it uses (a Keras 3 Embedding:
+    `ops.take` converts its table to a tensor), so a table's pull is all of it; its push stays its rows."""
     import tensorflow as tf
 
     size = int(variable.shape.num_elements() or 0) * variable.dtype.size
@@ -47,7 +51,13 @@ def describe(variable: Any, gradient: Any) -> dict:
     if isinstance(gradient, tf.IndexedSlices):
         touched = len(np.unique(gradient.indices.numpy()))
         moved = touched * (size // max(1, rows)) + 8 * touched
-        return {"name": variable.name, "bytes": size, "rows": rows, "pull_bytes": moved, "push_bytes": moved}
+        return {
+            "name": variable.name,
+            "bytes": size,
+            "rows": rows,
+            "pull_bytes": size if read_whole else moved,
+            "push_bytes": moved,
+        }
     return {"name": variable.name, "bytes": size, "rows": rows, "pull_bytes": size, "push_bytes": size}
 
 

@@ -54,6 +54,7 @@ TRAIN_FLAGS = (
 
 CHIEF_HELP = "the chief's control plane: HOST:PORT, or unix:PATH (a local cluster's; the launch prints it)"
 ALLOW_HELP = "run even where the TF ports cannot be closed to outsiders (recorded in cluster.json; README: Security)"
+NO_NETNS_HELP = "a local cluster's tasks on this machine's network, TF ports open (with --allow-open-ports; in cluster.json)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,6 +98,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ps", type=int, help=f"number of ps tasks on --host (free ports; default: {len(cluster.ps)})")
     parser.add_argument("--host", help=f"address for tasks given by count (default: {DEFAULT_HOST})")
     parser.add_argument("--allow-open-ports", action="store_true", default=None, help=ALLOW_HELP)
+    parser.add_argument("--no-private-network", dest="private_network", action="store_false", default=None, help=NO_NETNS_HELP)
     for flag, kind, text in TRAIN_FLAGS:
         parser.add_argument(flag, type=kind, help=with_default(text, flag[2:].replace("-", "_")))
 
@@ -248,6 +250,7 @@ def run_node_command(args: argparse.Namespace) -> int:
 def config_from_args(args: argparse.Namespace, gpu_count: int) -> Config:
     raw = load_toml(args.config) if args.config else {}
     overrides = {"workers": args.workers, "ps": args.ps, "host": args.host, "allow_open_ports": args.allow_open_ports}
+    overrides["private_network"] = args.private_network
     for name in ("engine", "ray_address", "spread_workers"):  # `pstrain launch` only
         overrides[name] = getattr(args, name, None)
     for flag, _, _ in TRAIN_FLAGS:

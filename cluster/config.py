@@ -49,6 +49,7 @@ class ClusterConfig:
     ray_address: str = ""  # engine "ray": "" starts a local Ray on 127.0.0.1; "auto" or HOST:PORT joins one
     spread_workers: bool = False  # engine "ray": every worker on a node of its own (STRICT_SPREAD)
     allow_open_ports: bool = False  # run even where the TF ports cannot be closed (cluster/doors.py)
+    private_network: bool = True  # a local cluster's tasks in a private network namespace; false: open, needs the above
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,7 @@ def _resolve_cluster(raw: dict[str, Any], gpu_count: int) -> ClusterConfig:
         **_engine(raw),
         restart_window=_seconds("cluster.restart_window", raw.get("restart_window", defaults.restart_window)),
         allow_open_ports=_bool("cluster.allow_open_ports", raw.get("allow_open_ports", False)),
+        private_network=_bool("cluster.private_network", raw.get("private_network", True)),
         **strings,
     )
     check_unique_addresses(cluster)

@@ -78,44 +78,20 @@ def refusal(reason: str) -> str:
     )
 
 
-TABLE_PREFIX = "pstrain_"  # nftables tables `pstrain_<guardian pid>`: one per run on a node
+def no_private_network_refusal() -> str:
+    """The one-line refusal of `private_network = false` without `allow_open_ports`."""
+    return (
+        "cluster.private_network: false runs a local cluster's tasks on this machine's network, where every "
+        "TensorFlow server listens on all interfaces without authentication; pass --allow-open-ports as well "
+        "to accept the open ports, or leave it true"
+    )
 
 
-def table_name(pid: int) -> str:
-    return f"{TABLE_PREFIX}{pid}"
-
-
-def nft_ruleset(table: str, ports: list[int], peers: list[str]) -> str:
-    """An nftables table admitting `ports` (this node's TF servers) from `peers` (the cluster's hosts'
-    addresses) and loopback only; everyone else gets a TCP reset. Other traffic is left alone."""
-    v4 = sorted(p for p in peers if ":" not in p)
-    v6 = sorted(p for p in peers if ":" in p)
-    dports = "{ " + ", ".join(str(p) for p in sorted(set(ports))) + " }"
-    lines = [f"table inet {table} {{", "  chain doors {", "    type filter hook input priority filter - 10; policy accept;"]
-    lines.append('    iif "lo" accept')
-    if v4:
-        lines.append(f"    tcp dport {dports} ip saddr {{ {', '.join(v4)} }} accept")
-    if v6:
-        lines.append(f"    tcp dport {dports} ip6 saddr {{ {', '.join(v6)} }} accept")
-    lines += [f"    tcp dport {dports} reject with tcp reset", "  }", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def stale_tables(listing: str, alive) -> list[str]:
-    """The pstrain tables of `nft list tables` output whose guardian (`alive(pid)` False) is gone: a run
-    whose guardian was itself killed. Pure but for `alive`."""
-    stale = []
-    for line in listing.splitlines():
-        name = line.split()[-1] if line.startswith("table inet ") else ""
-        if name.startswith(TABLE_PREFIX) and name[len(TABLE_PREFIX) :].isdigit() and not alive(int(name[len(TABLE_PREFIX) :])):
-            stale.append(name)
-    return stale
-
-
-def rules_line(ports: list[int], peers: list[str], table: str) -> str:
+def rules_line(ports: list[int], peers: list[str], what: str, name: str) -> str:
+    """`what`: "nftables table" or "iptables chain" (rulesets.TOOLS)."""
     return (
         f"TF ports {', '.join(map(str, sorted(set(ports))))} closed to all but the cluster's hosts "
-        f"({', '.join(sorted(peers))}) by nftables table {table}, removed when this run ends"
+        f"({', '.join(sorted(peers))}) by {what} {name}, removed when this run ends"
     )
 
 
@@ -123,7 +99,7 @@ def node_refusal(reason: str) -> str:
     return (
         f"cluster: this machine's TF ports cannot be closed to hosts outside the cluster ({reason}), and each "
         "TensorFlow server listens on all interfaces without authentication and runs any op sent to it; run "
-        f"as root with nftables installed, or pass {ALLOW_FLAG} to accept the open ports (README: Security)"
+        f"as root with nftables or iptables installed, or pass {ALLOW_FLAG} to accept the open ports (README: Security)"
     )
 
 

@@ -255,6 +255,7 @@ def describe(mode: str, train: TrainConfig, cluster: ClusterConfig | None) -> di
         "control": cluster.control if cluster else None,
         "worker_gpus": list(cluster.worker_gpus) if cluster else None,
         "allow_open_ports": cluster.allow_open_ports if cluster else None,  # TF ports open where not closable
+        "private_network": cluster.private_network if cluster else None,  # false: a local cluster's TF ports open
         "train": asdict(train),
     }
 

@@ -75,13 +75,14 @@ def run_pstrain(
     send: int | None = signal.SIGINT,  # None: signal_when acts by itself
     env: dict | None = None,
     poll_s: float = 0.1,
+    cwd: Path | None = None,
 ) -> Result:
-    """Run `pstrain ARGS`, recording every descendant pid; optionally send a signal when
-    `signal_when()` turns true (asked every `poll_s`). Kills what remains on timeout (and fails)."""
+    """Run `pstrain ARGS` (in `cwd`, default the checkout), recording every descendant pid; optionally send
+    a signal when `signal_when()` turns true (asked every `poll_s`). Kills what remains on timeout (and fails)."""
     global current_launcher
     process = subprocess.Popen(
         PSTRAIN + with_block_length(args),
-        cwd=ROOT,
+        cwd=cwd or ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

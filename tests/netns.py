@@ -35,6 +35,11 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
+def _tc(namespace: str, device: str, qdisc: list[str]) -> None:
+    argv = ["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", device, "root", *qdisc]
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+
+
 def can_create_namespaces() -> str:
     """'' when this process can make namespaces, else why not."""
     if shutil.which("ip") is None:
@@ -85,10 +90,12 @@ def set_link(host: Host, up: bool) -> None:
 
 
 @contextlib.contextmanager
-def lan(prefix: str, members: dict[str, list[str]], subnet: str) -> Iterator[dict[str, Host]]:
+def lan(prefix: str, members: dict[str, list[str]], subnet: str, shaping: list[str] | None = None) -> Iterator[dict[str, Host]]:
     """One namespace per member, all on a bridge in a namespace of its own (nothing in the root
     namespace); each member's /etc/hosts (under `ip netns exec`) maps every member's names to its
-    address `subnet`.<i+1>. Namespaces and their /etc/netns folders are removed afterwards."""
+    address `subnet`.<i+1>. `shaping`: a `tc qdisc add dev D root` tail (e.g. tbf's) put on both ends
+    of every member's veth, so each member's link is shaped both ways (tests/benchmarks/links.py).
+    Namespaces and their /etc/netns folders are removed afterwards."""
     suffix = f"{os.getpid() % 100000}"
     switch = f"{prefix}sw-{suffix}"
     hosts = {label: Host(f"{prefix}{label}-{suffix}", f"{subnet}.{i + 1}", "eth0") for i, label in enumerate(members)}
@@ -114,6 +121,9 @@ def lan(prefix: str, members: dict[str, list[str]], subnet: str) -> Iterator[dic
             host.run("ip", "addr", "add", f"{host.address}/24", "dev", host.device)
             host.run("ip", "link", "set", host.device, "up")
             host.run("ip", "link", "set", "lo", "up")
+            if shaping:
+                host.run("tc", "qdisc", "add", "dev", host.device, "root", *shaping)  # what the member sends
+                _tc(switch, f"p{i}", shaping)  # what it receives
         yield hosts
     finally:
         for namespace in reversed(created):

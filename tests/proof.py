@@ -11,6 +11,7 @@ PROOF = (
     "tests/system/test_two_machines.py",  # docs/two-machines.md
     "tests/system/test_doors_two_machines.py",  # README Security, docs/two-machines.md: outsiders refused, rules removed
     "tests/cluster/launch/test_private_network.py",  # README Security: a local cluster's private network namespace
+    "tests/cluster/launch/test_firewall_guardian.py",  # docs/two-machines.md: no signal leaves the node rules behind
     "tests/system/test_worker_data_hosts.py",  # docs/data.md: each machine its own files
     # docs/embeddings.md: a ps that cannot reach the checkpoint directory
     "tests/system/test_unshared_checkpoints.py::test_a_ps_without_the_run_dir_checkpoints_through_the_chief_and_ends_as_standalone",
@@ -18,6 +19,7 @@ PROOF = (
     "tests/system/test_unshared_checkpoints.py::test_a_ps_without_the_run_dir_and_a_model_larger_than_the_chief_is_refused_in_one_line",
     # docs/embeddings.md, docs/faults.md: a chief limited below a table trains, is killed and resumes
     "tests/system/test_embeddings.py::test_a_chief_limited_below_the_table_trains_is_killed_and_resumes_on_another_ps_count",
+    "tests/benchmarks/test_links_netns.py",  # docs/benchmarks.md: --link's shaped hosts, their rate, nothing left
     "tests/system/test_ray.py",  # docs/ray.md: the Ray engine on one machine
     "tests/system/test_ray_two_nodes.py",  # docs/ray.md: a Ray cluster of two nodes
     "tests/system/test_ray_install.py",  # docs/ray.md: the Ray extra keeps one TensorFlow

@@ -45,9 +45,12 @@ def load_job(spec: str) -> Job:
     """Import `package.module` or `package.module:attr` and check it offers the job API. What the job
     does not define (loss_fn, optimizer_fn, metrics_fn, loss_weights) is taken from the model's
     `compile()`, if `model_fn()` compiles it (chief/contract/job_compiled.py)."""
+    from chief.contract.tf_settings import skipped_settings
+
     module_name, _, attr = spec.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        with skipped_settings(spec):  # the chief joined the cluster: TF refuses settings now (tf_settings.py)
+            target: Any = importlib.import_module(module_name)
     except ImportError as e:
         raise JobError(f"--job {spec}: cannot import {module_name} ({e}); check the module path and PYTHONPATH") from None
     if attr:

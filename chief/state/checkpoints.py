@@ -28,6 +28,7 @@ import tf_keras
 from tensorflow.python.checkpoint import checkpoint_management
 
 from chief.contract.framework import seed_states
+from chief.state.keras3_shards import slot_order
 from chief.state.model_state import ModelState, finalize_layers, variables_of
 from cluster.errors import TrainingError, writing
 
@@ -101,10 +102,11 @@ def damaged_file(prefix: Path) -> Path:
 
 def checkpointed_variables(state: ModelState) -> list[tf.Variable]:
     """Everything a checkpoint holds, in an order both copies share. A new-style optimizer lists the
-    slots of a sharded variable as one `ShardedVariable`: its shards are listed instead."""
+    slots of a sharded variable as one `ShardedVariable`: its shards are listed instead; a Keras 3
+    optimizer's slots of shards are listed together (chief/state/keras3_shards.py `slot_order`)."""
     optimizer = state.optimizer.variables
-    optimizer = variables_of(optimizer() if callable(optimizer) else optimizer)
-    optimizer = [shard for v in optimizer for shard in getattr(v, "variables", [v])]
+    optimizer = slot_order(state.optimizer, state.model.trainable_variables, optimizer() if callable(optimizer) else optimizer)
+    optimizer = [shard for v in variables_of(optimizer) for shard in getattr(v, "variables", [v])]
     return [*variables_of(state.model.weights), *seed_states(state.model), *optimizer, state.global_step]
 
 

@@ -9,9 +9,10 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.contract.framework import tf_variable
+from chief.contract.framework import KERAS3, framework_of, tf_variable
 from chief.contract.job import Job
 from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build
+from chief.state.keras3_shards import build_on_shards, refuse_sharded, shards_of
 from chief.state.unfilled import unfilled_initializers
 
 log = logging.getLogger("pstrain.chief")
@@ -52,6 +53,7 @@ def build_state(job: Job, seed: int, sample, ps_init_min_bytes: int | None = Non
         if on_ps:
             log.info("initial values computed on the ps: %s", ", ".join(on_ps))
     optimizer = job.optimizer_fn()
+    refuse_sharded(job.spec, model, optimizer)  # a Keras 3 variable split over ps: what would not be exact
     create_optimizer_slots(optimizer, model.trainable_variables)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     return ModelState(model=model, optimizer=optimizer, global_step=global_step)
@@ -74,10 +76,11 @@ def variables_of(weights) -> list[tf.Variable]:
     """The `tf.Variable`s among a model's `weights` (or `trainable_variables`, `non_trainable_weights`,
     an optimizer's `variables`): a lookup layer adapted to its data also lists its vocabulary there, a
     weight handler that is no variable (every copy of the model adapts it on the same data:
-    chief/state/adapted.py); a Keras 3 variable stands for the `tf.Variable` it wraps."""
+    chief/state/adapted.py); a Keras 3 variable stands for the `tf.Variable` it wraps, or for its shards
+    when split over ps tasks (chief/state/keras3_shards.py), as tf_keras lists a split variable."""
     from tf_keras.src.engine.base_layer_utils import TrackableWeightHandler
 
-    return [tf_variable(w) for w in weights if not isinstance(w, TrackableWeightHandler)]
+    return [tf_variable(w) for w in shards_of(weights) if not isinstance(w, TrackableWeightHandler)]
 
 
 def trainable_of(model) -> list[tf.Variable]:
@@ -95,8 +98,11 @@ def finalize_layers(model: tf_keras.Model) -> None:
 
 
 def create_optimizer_slots(optimizer, variables) -> None:
-    """Create slot variables now, so a checkpoint restores into them and they live with the variables."""
-    if hasattr(optimizer, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
+    """Create slot variables now, so a checkpoint restores into them and they live with the variables
+    (a Keras 3 optimizer's on the shards of a variable split over ps tasks)."""
+    if framework_of(optimizer) == KERAS3:
+        build_on_shards(optimizer, list(variables))
+    elif hasattr(optimizer, "_create_all_weights"):  # tf_keras.optimizers.legacy.*
         optimizer._create_all_weights(variables)
     elif hasattr(optimizer, "build"):  # tf_keras.optimizers.* (new-style)
         optimizer.build(variables)

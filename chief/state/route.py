@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from chief.contract.job import Job
 from chief.state.checkpoints import Checkpoints, checkpointed_variables, say
+from chief.state.keras3_shards import sharded_value
 from chief.state.mirror import MirrorCheckpoints
 from chief.state.model_state import ModelState
 from cluster.errors import PstrainError
@@ -82,11 +83,18 @@ def state_bytes(state: ModelState) -> int:
     return sum((v.shape.num_elements() or 0) * v.dtype.size for v in checkpointed_variables(state))
 
 
-def route(unreachable: list[str], size: int, free: int, directory: Path) -> str:
+def route(unreachable: list[str], size: int, free: int, directory: Path, keras3_split: bool = False) -> str:
     """ "direct" (each ps writes its shards) when every ps reaches `directory`; "mirror" (the chief writes a
-    full copy) when one does not and the state (`size` bytes) fits in the chief's `free` memory; else a
-    PstrainError saying what to share."""
-    if not unreachable:
+    full copy) when one does not, or when a Keras 3 variable is split over ps (`keras3_split`: TF cannot
+    save one, and its optimizer's slots are per shard), and the state (`size` bytes) fits in the chief's
+    `free` memory; else a PstrainError saying what to do."""
+    if keras3_split and size > free:
+        raise PstrainError(
+            f"a Keras 3 variable split across ps tasks is checkpointed from a full copy on the chief, and the model's state "
+            f"({size / 2**30:.2f} GiB) is more than the chief can hold ({free / 2**30:.2f} GiB free): use --ps 1, "
+            "or give the chief a machine with more memory"
+        )
+    if not unreachable and not keras3_split:
         return "direct"
     if size <= free:
         return "mirror"
@@ -104,9 +112,15 @@ def open_checkpoints(live: ModelState, job: Job, sample, directory: Path, local:
         return Checkpoints(live, directory, say)
     missing = unreachable_ps(directory, ps_devices(live))
     size = state_bytes(live)
-    if route(missing, size, chief_memory_bytes(), directory) == "direct":
+    keras3_split = any(sharded_value(v) is not None for v in live.model.weights)
+    if route(missing, size, chief_memory_bytes(), directory, keras3_split) == "direct":
         log.info("checkpoints: each ps writes its own variables to %s; the chief writes the index", directory)
         return Checkpoints(live, directory, say)
+    if keras3_split:
+        log.info(
+            "checkpoints: a Keras 3 variable is split over ps: the chief writes them from a full copy (%.1f MiB)", size >> 20
+        )
+        return MirrorCheckpoints(live, job, sample, directory, say)
     log.warning(
         "checkpoints: %s cannot write to %s (no shared mount?): the chief writes them from a full copy of the state (%.1f MiB)",
         ", ".join(missing),

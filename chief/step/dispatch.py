@@ -19,7 +19,6 @@ from concurrent import futures
 import numpy as np
 import tensorflow as tf
 
-from chief.contract.framework import TF_KERAS
 from chief.contract.job import Job, job_file
 from chief.data.train_source import explain_worker_error
 from chief.state.initial_values import PS_INIT_MIN_BYTES
@@ -85,10 +84,6 @@ class ClusterEngine:
         same_rounding_everywhere()  # as in the standalone reference
         allow_loss_scaling_under_ps()
         self.strategy, resolver = joined or connect(resolver)
-        if job.framework != TF_KERAS:
-            # Keras 3's variables cannot be sharded (chief/contract/framework.py): with several ps they are
-            # placed whole. The job is known only after the join (connect), so the splitter is switched off here.
-            self.strategy.extended._variable_partitioner = None
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.state = build_state(job, train.seed, sample, ps_init_min_bytes)

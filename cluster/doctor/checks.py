@@ -379,22 +379,3 @@ def task_round_trips(results: dict[str, float | str]) -> list[Check]:
 
 def exit_code(checks: list[Check]) -> int:
     return 1 if any(c.level == "FAIL" for c in checks) else 0
-
-
-def doors(listening: list[tuple[int, str, str, int, str]], control: str) -> list[Check]:
-    """Where a run's doors are: `listening` (pid, command, address as bound, port, who reaches it) for
-    every listening TCP socket of the run; `control`, its control target. A TF port anyone reaches is a
-    WARN; the control plane's port (token-checked) is not."""
-    out = []
-    control_port = int(control.rpartition(":")[2]) if control and not control.startswith("unix:") else None
-    if control.startswith("unix:"):
-        out.append(Check("INFO", "doors.control", f"{control}: a unix socket, for users who may write it (and the token)"))
-    for pid, command, address, port, reach in listening:
-        what = "pstrain's control plane (token-checked)" if port == control_port else f"{command} (pid {pid})"
-        level = "WARN" if reach.startswith("any host") and port != control_port else "INFO"
-        fix = "close it: a local cluster, or root and nftables on each node (README: Security)" if level == "WARN" else ""
-        bound = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-        out.append(Check(level, f"doors.{port}", f"{what} listens on {bound}; reached by {reach}", fix))
-    if not listening:
-        out.append(Check("INFO", "doors", "no process of the run listens on a TCP port (is it running?)"))
-    return out

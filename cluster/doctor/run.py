@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psutil
 
+from cluster import rulesets
 from cluster.config import ConfigError, load_toml, parse_address, resolve
-from cluster.doctor import checks, facts, gpus
+from cluster.doctor import checks, facts, gpus, reach
 from cluster.doors import check_control_target, is_unix_target
 from cluster.rundir import RunDir
 from cluster.task_setup import cluster_spec
@@ -118,8 +119,27 @@ def run_doors(run_dir: RunDir) -> list[checks.Check]:
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             commands[pid] = " ".join(psutil.Process(pid).cmdline()[1:3])
-    found = [(x.pid, commands.get(x.pid, "?"), x.address, x.port, x.reach) for x in listeners(pids)]
-    return checks.doors(found, control)
+    rules = guardians(pids)
+    found = [(x.pid, commands.get(x.pid, "?"), x.address, x.port, reach.guarded(x.reach, x.port, rules)) for x in listeners(pids)]
+    return reach.doors(found, control) + reach.node_rules(rules, control)
+
+
+def guardians(pids: list[int]) -> list[reach.Guardian]:
+    """The node rules' guardians among `pids` (`... -m cluster.launch.firewall guard TOOL PORTS PEERS`),
+    each with whether its tool lists its rules now (None where this process may not list them)."""
+    from cluster.launch.firewall import TOOLS
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, ValueError):
+            argv = psutil.Process(pid).cmdline()
+            if argv[1:4] == ["-m", "cluster.launch.firewall", "guard"] and len(argv) == 7 and argv[4] in TOOLS:
+                found.append((pid, argv[4], tuple(int(p) for p in argv[5].split(",") if p)))
+    listed = {tool: TOOLS[tool]().names() for tool in {tool for _, tool, _ in found}} if os.geteuid() == 0 else {}
+    return [
+        reach.Guardian(pid, tool, rulesets.name(pid), ports, rulesets.name(pid) in listed[tool] if tool in listed else None)
+        for pid, tool, ports in found
+    ]
 
 
 def doctor(config_file: str | None, chief: str | None, creds, as_json: bool, run_dir: RunDir | None = None) -> int:

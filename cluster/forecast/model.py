@@ -28,7 +28,8 @@ MIN_SHARD_BYTES = 256 << 10  # as chief/state/sharding.py: variables at least th
 @dataclass(frozen=True)
 class Variable:
     """A trainable variable: its full size, and the bytes one worker pulls and pushes per step
-    (all of it when dense; the touched rows when its gradient is row-sparse)."""
+    (all of it when dense; the touched rows when its gradient is row-sparse, though a Keras 3 table is
+    pulled whole: chief/variable_bytes.py). Keras 3 and tf_keras variables split over the ps alike."""
 
     name: str
     bytes: int

@@ -1,6 +1,6 @@
 """Close a launch's or node's doors (cluster/doors.py decides): a local cluster's tasks in a private
 network namespace with the control plane on a unix socket; on a machine of a multi-machine cluster,
-nftables rules admitting the cluster's hosts only (cluster/launch/firewall.py); else a refusal, or
+nftables (or iptables) rules admitting the cluster's hosts only (cluster/launch/firewall.py); else a refusal, or
 where pstrain cannot close them (Slurm as a user, a pod) a plain statement."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster import doors
+from cluster import doors, rulesets
 from cluster.config import ClusterConfig, ConfigError
 from cluster.launch import firewall
 from cluster.launch.netns import PrivateNetwork, Unavailable, describe, kinds_to_try
@@ -46,25 +46,29 @@ def closed(
         with node_rules(cluster, ports, where) as (line, is_open):
             yield Doors(cluster, None, line, is_open)
         return
-    try:
-        network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)
-    except Unavailable as e:
+    if not cluster.private_network:  # asked for the host's network: open ports, accepted or refused
         if not cluster.allow_open_ports:
-            raise ConfigError(doors.refusal(str(e))) from None
+            raise ConfigError(doors.no_private_network_refusal())
         yield Doors(cluster, None, doors.open_line(), True)
         return
-    path = doors.socket_in_run_dir(run_dir)
-    spare = None if path else Path(tempfile.mkdtemp(prefix="pstrain-"))  # (private): the run dir's path is too long
-    path = path or spare / doors.SOCKET_NAME
-    try:
+    with contextlib.ExitStack() as held:  # each thing made is registered for removal before the next
+        try:
+            network = PrivateNetwork.make(kinds_to_try(os.geteuid()) if kinds is None else kinds)
+        except Unavailable as e:
+            if not cluster.allow_open_ports:
+                raise ConfigError(doors.refusal(str(e))) from None
+            yield Doors(cluster, None, doors.open_line(), True)
+            return
+        held.callback(network.close)
+        path = doors.socket_in_run_dir(run_dir)
+        if path is None:  # the run dir's path is too long for a socket: a private folder instead
+            spare = Path(tempfile.mkdtemp(prefix="pstrain-"))
+            held.callback(shutil.rmtree, spare, ignore_errors=True)
+            path = spare / doors.SOCKET_NAME
+        held.callback(path.unlink, missing_ok=True)
         path.unlink(missing_ok=True)  # a socket a killed launcher left
         control = doors.unix_target(path)
         yield Doors(replace(cluster, control=control), network, doors.closed_line(describe(network.kind), control), False)
-    finally:
-        network.close()
-        path.unlink(missing_ok=True)
-        if spare is not None:
-            shutil.rmtree(spare, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -72,12 +76,12 @@ def node_rules(cluster: ClusterConfig, ports: list[int], where: str) -> Iterator
     """This machine's TF `ports` closed to all but the cluster's hosts while the block runs; yields
     (console line, open). Where the rules cannot be made: a refusal for `launch` and `node` (unless
     `allow_open_ports`), a plain statement for Slurm."""
-    why = firewall.why_not()
-    if not why:
+    tool, why = firewall.choose()
+    if tool:
         try:
             peers = firewall.peer_addresses(cluster)
-            with firewall.rules(ports, peers) as table:
-                yield doors.rules_line(ports, peers, table), False
+            with firewall.rules(tool, ports, peers) as name:
+                yield doors.rules_line(ports, peers, rulesets.TOOLS[tool], name), False
             return
         except firewall.Unclosable as e:
             why = str(e)

@@ -87,6 +87,23 @@ def enter(user_fd: int, net_fd: int, argv: list[str]) -> None:
     os.execvp(argv[0], argv)
 
 
+def end_maker(maker: subprocess.Popen, timeout_s: float = MAKE_TIMEOUT_S) -> None:
+    """Close the maker's stdin (on every path: it is its lifeline and our descriptor), reap it (killed
+    where it has not exited within `timeout_s`: the namespace is held by descriptors, not by it) and
+    close its pipes. Never raises for a slow maker."""
+    try:
+        if not maker.stdin.closed:
+            maker.stdin.close()
+        try:
+            maker.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            maker.kill()
+            maker.wait()
+    finally:
+        maker.stdout.close()
+        maker.stderr.close()
+
+
 class PrivateNetwork:
     """A network namespace held open by the launcher; `wrap` + `fds` start a process inside it."""
 
@@ -105,27 +122,31 @@ class PrivateNetwork:
         raise Unavailable("; ".join(reasons))
 
     @classmethod
-    def _make(cls, kind: str) -> PrivateNetwork:
+    def _make(cls, kind: str, timeout_s: float = MAKE_TIMEOUT_S) -> PrivateNetwork:
         argv = [sys.executable, "-m", "cluster.launch.netns", "make", kind]
         # A session of its own: a Ctrl-C meant for the launcher's stop trap does not kill the maker.
+        # Its stdin is its lifeline (a pipe from here, never the launcher's own stdin): it exits at its end.
         maker = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
+        held: list[int] = []
         try:
-            ready, _, _ = select.select([maker.stdout], [], [], MAKE_TIMEOUT_S)
+            ready, _, _ = select.select([maker.stdout], [], [], timeout_s)
             line = maker.stdout.readline().decode().strip() if ready else ""
             if line != "ready":
                 maker.kill()
-                why = maker.communicate(timeout=MAKE_TIMEOUT_S)[1].decode().strip().splitlines()
-                raise Unavailable(why[-1] if why else f"no answer in {MAKE_TIMEOUT_S:g}s")
-            user_fd = os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY) if kind == "user" else -1
-            return cls(kind, user_fd, os.open(f"/proc/{maker.pid}/ns/net", os.O_RDONLY))
+                why = maker.communicate(timeout=timeout_s)[1].decode().strip().splitlines()
+                raise Unavailable(why[-1] if why else f"no answer in {timeout_s:g}s")
+            if kind == "user":
+                held.append(os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY))
+            held.append(os.open(f"/proc/{maker.pid}/ns/net", os.O_RDONLY))
+            network = cls(kind, held[0] if kind == "user" else -1, held[-1])
+            held = []  # the network owns them now
+            return network
         finally:
-            if maker.poll() is None:
-                maker.stdin.close()  # the namespace is held by our descriptors now: the maker may go
-            maker.wait(timeout=MAKE_TIMEOUT_S)
-            maker.stdout.close()
-            maker.stderr.close()
+            for fd in held:  # opened, then a failure: not leaked
+                os.close(fd)
+            end_maker(maker, timeout_s)
 
     @property
     def fds(self) -> tuple[int, ...]:

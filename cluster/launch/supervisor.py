@@ -20,6 +20,8 @@ from cluster.task import TaskId
 from cluster.task_setup import TaskSetup
 from cluster.taskenv import TaskEnv
 
+ROOT = str(Path(__file__).resolve().parents[2])  # pstrain's checkout: cluster/, chief/, worker/
+
 
 @dataclass
 class Child:
@@ -52,6 +54,7 @@ class Supervisor:
         log_file = open(log_path, "ab")
         # The task arms "die with parent" itself (cluster/taskenv.py), so no task outlives us.
         env = {**os.environ, **setup.env, **(extra_env or {}), **TaskEnv(parent_pid=os.getpid()).to_env()}
+        env["PYTHONPATH"] = packages_first(env.get("PYTHONPATH", ""))
         process = subprocess.Popen(
             self.network.wrap(argv) if self.network else argv,  # the same pid either way
             pass_fds=self.network.fds if self.network else (),
@@ -120,6 +123,15 @@ def _pump(source: BinaryIO, log_file: BinaryIO, echo: BinaryIO, child: Child) ->
         echo_console(console, echo, chunk)
     with contextlib.suppress(OSError):  # closing flushes what a full disk refused
         log_file.close()
+
+
+def packages_first(python_path: str) -> str:
+    """`python_path` with pstrain's own root in front. A task runs `python -m chief` (or worker) in the
+    user's working directory, which comes first on sys.path; a directory there named like one of
+    pstrain's packages (a run dir `--run-dir cluster`) would be imported in its place as a namespace
+    package, as an editable install's finder is asked only after sys.path. A regular package on
+    sys.path wins over such a directory, wherever it comes."""
+    return os.pathsep.join(dict.fromkeys([ROOT, *filter(None, python_path.split(os.pathsep))]))
 
 
 def python_module(module: str, *args: str) -> list[str]:

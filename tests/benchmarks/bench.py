@@ -1,6 +1,6 @@
 """pstrain against its peers, interleaved and repeated in one invocation on this machine.
 
-    python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling] [--data]
+    python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling] [--data] [--link 1gbit]
         [--seed 0] [--sweep 4,16,64] [--warmup-rounds 1]
 
 Peers, same model and global batch, each at its best (tests/benchmarks/fair.py) and each printing
@@ -14,6 +14,8 @@ applied global step from the run's half to its end (pstrain's gaps between block
 --repeats rounds, each in a seeded shuffled order; medians with ranges. Reports each peer's examples/s relative to
 pstrain's, where pstrain's chief spent its start-up, and the transfer limit: the time TF's gRPC needs
 to move a pstrain step's bytes on this machine. --device gpu: worker i on GPU i mod the GPUs here.
+--link 1gbit | 10gbit: every task on a host of its own, ports shaped (tests/benchmarks/links.py); the
+JSON adds the link's probed rate, each size's transfer limit and `pstrain plan`'s step against pstrain's.
 
 --data: launch-to-first-step and per-step time of pstrain (1 M MLP, 2 workers) with its data (a) small
 arrays, (b) --data-gb of arrays from train_data(), (c) the same as .npy files the workers read,
@@ -30,7 +32,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,8 +41,10 @@ from pathlib import Path
 
 import psutil
 
+from tests.benchmarks import links
 from tests.benchmarks.drawn import check_fits
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
+from tests.benchmarks.network import OPEN, add_network_flag, apply_network_flag, network_text, private_network
 from tests.benchmarks.rounds import PeerFailed, add_round_args, record, run_rounds, sweep_line, sweep_values
 from tests.benchmarks.window import block_ends, measure
 
@@ -50,7 +53,9 @@ PY = sys.executable
 PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
 NAMES = {
     "pstrain": "pstrain sync, 2 workers",
+    "pstrain-open": "pstrain sync, 2 workers, no private network (TF ports open)",  # --peers only: the doors A/B
     "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
+    "pstrain-keras3": "pstrain sync, 2 workers, the Keras 3 twin",  # tests/benchmarks/embeddings.py --keras3
     "async": "TF2 PS async tuned, 2 workers",
     "async-1step": "TF2 PS async, 1 step per closure, 2 workers",
     "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
@@ -62,16 +67,6 @@ K1 = ["--steps-per-execution", "1"]  # pstrain-k1: one step per dispatch, the ch
 TIMEOUT_S = 900
 FILES = "d one file per example (train_dataset)"
 NO_READ_AHEAD = {"PSTRAIN_READ_AHEAD": "0"}
-
-
-def free_ports(n: int) -> list[str]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def env_for(cluster: dict, task_type: str, index: int, device: str = "cpu") -> dict:
@@ -110,12 +105,14 @@ def last_error(text: str) -> str:
     return line[:160]
 
 
-def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...] = (0,)) -> list[dict]:
-    """Start processes, wait for the last JSON line of each of `reporters` (in order), then stop and
-    reap them all. A reporter without one raises PeerFailed with each process's last error line."""
+def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...] = (0,), network=None) -> list[dict]:
+    """Start processes (each on its host of `network`, a links.run_network; default this machine),
+    wait for the last JSON line of each of `reporters` (in order), then stop and reap them all. A
+    reporter without one raises PeerFailed with each process's last error line."""
     errors = [tempfile.TemporaryFile("w+") for _ in commands]
+    place = network.place if network else lambda argv, env: argv
     processes = [
-        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        subprocess.Popen(place(argv, env), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         for (argv, env), err in zip(commands, errors, strict=True)
     ]
     try:
@@ -158,22 +155,31 @@ def launch_peer(
     """One run of a peer role of `module` (tests.benchmarks.peers, .embeddings, .recsys) as its processes,
     `k` its steps per closure or call (None: fair.PER_DISPATCH): the result of its reporter (every
     worker's for mwms, in "reports"), measured by window.measure."""
+    with links.run_network(2 + workers) as net:  # --link: a shaped host per task, made before the launch
+        return launch_on(net, module, peer, size, batch, steps, workers, device, k)
+
+
+def launch_on(
+    net, module: str, peer: str, size: str, batch: int, steps: int, workers: int, device: str, k: int | None = None
+) -> dict:
+    """launch_peer's run on `net` (links.run_network): its tasks at net's addresses, on net's hosts."""
     me = [PY, "-m", module, peer, size, str(batch), str(steps), *([str(k)] if k else [])]
     t_launch = time.time()
     if peer in ("async", "async-1step", "transfer", "transfer-looped"):
-        addresses = free_ports(2 + workers)
+        addresses = net.addresses(2 + workers)
         cluster = {"chief": addresses[:1], "ps": addresses[1:2], "worker": addresses[2:]}
         tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
         servers = [([PY, "-m", "worker"], env_for(cluster, t, i, device)) for t, i in tasks]
-        reports = run_group([(me, env_for(cluster, "chief", 0, device)), *servers])
+        reports = run_group([(me, env_for(cluster, "chief", 0, device)), *servers], network=net)
     elif peer == "tf1":
-        addresses = free_ports(1 + workers)
+        addresses = net.addresses(1 + workers)
         cluster = {"ps": addresses[:1], "worker": addresses[1:]}
-        group = [(me, tf1_env(cluster, "worker", i, device)) for i in range(workers)] + [(me, tf1_env(cluster, "ps", 0, device))]
-        reports = run_group(group)
+        group = [(me, tf1_env(cluster, "worker", i, device)) for i in range(workers)]
+        group.append((me, tf1_env(cluster, "ps", 0, device)))
+        reports = run_group(group, network=net)
     elif peer == "mwms":
-        cluster = {"worker": free_ports(workers)}
-        reports = run_group([(me, env_for(cluster, "worker", i, device)) for i in range(workers)], tuple(range(workers)))
+        cluster = {"worker": net.addresses(workers)}
+        reports = run_group([(me, env_for(cluster, "worker", i, device)) for i in range(workers)], tuple(range(workers)), net)
     else:
         reports = run_group([(me, {**env_for({}, "single", 0, device), "TF_CONFIG": ""})])
     result = {**reports[0], **measure(reports[0]["samples"], steps, t_launch), "t_launch": t_launch}
@@ -202,18 +208,20 @@ def peer_pstrain(
     gpus = '"auto"' if device == "gpu" else str([-1] * workers)
     config.write_text(f"[cluster]\nworker_gpus = {gpus}\n")
     argv = [PY, "-m", "cluster.cli", "launch", "--config", str(config), "--job", job or JOBS[size], "--steps", str(steps)]
-    argv += ["--checkpoint-every", "0", "--global-batch-size", str(batch), "--workers", str(workers), "--ps", str(ps)]
-    argv += ["--run-dir", str(run_dir)]
-    t_launch = time.time()
-    run = subprocess.run(
-        argv + (extra or []), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})}
-    )
+    argv += ["--checkpoint-every", "0", "--global-batch-size", str(batch), "--run-dir", str(run_dir)]
+    if not private_network() and "--no-private-network" not in (extra or []):
+        argv += OPEN
+    with links.run_network(1 + ps + workers) as net:  # --link: launch on the chief's host, a node per ps/worker
+        t_launch = time.time()
+        options = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": TIMEOUT_S, "env": {**os.environ, **(env or {})}}
+        run = net.run_pstrain(argv + (extra or []), config, workers, ps, **options)
     if run.returncode:
         raise RuntimeError(f"pstrain failed (logs kept in {run_dir / 'logs'}): {run.stdout[-2000:]}{run.stderr[-2000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if "step" in r and "event" not in r]
     done = next(r for r in records if r.get("event") == "done")
-    per_execution = json.loads((run_dir / "cluster.json").read_text())["train"]["steps_per_execution"]
+    described = json.loads((run_dir / "cluster.json").read_text())
+    per_execution = described["train"]["steps_per_execution"]
     samples = block_ends(records)
     window = measure(samples, steps, t_launch)
     measured = [r for r in steps_ if window["window"][0] < r["step"] <= window["window"][1]] or steps_
@@ -221,7 +229,9 @@ def peer_pstrain(
         **window,
         "t_launch": t_launch,
         "samples": samples,
-        "setup": f"{per_execution} steps per dispatch (a block), {job_data(job or JOBS[size])}",
+        "setup": f"{per_execution} steps per dispatch (a block), {job_data(job or JOBS[size])}; "
+        + network_text(described["private_network"]),
+        "private_network": described["private_network"],  # as the run recorded it (cluster.json)
         "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
         "chief_peak_rss_mib": done.get("peak_rss_mib"),  # the chief's high-water mark, final checkpoint and export included
@@ -256,7 +266,7 @@ def startup_line(runs: list[dict]) -> str:
 
 def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu", k: int | None = None) -> dict:
     if peer.startswith("pstrain"):
-        return peer_pstrain(size, batch, steps, extra=K1 if peer == "pstrain-k1" else None, device=device)
+        return peer_pstrain(size, batch, steps, extra={"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer), device=device)
     return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device, k=k)
 
 
@@ -274,7 +284,7 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{psutil.cpu_count()} cores ({cpu}), {psutil.virtual_memory().total / 2**30:.0f} GiB, CPU only, loopback"
+    return f"{psutil.cpu_count()} cores ({cpu}), {psutil.virtual_memory().total / 2**30:.0f} GiB, CPU only, {links.name()}"
 
 
 def main() -> int:
@@ -290,13 +300,21 @@ def main() -> int:
     parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "pstrain-bench-data"), help="kept for reuse")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="", help="write all results as JSON here")
+    add_network_flag(parser)
+    links.add_flags(parser)
     add_round_args(parser)
     args = parser.parse_args()
     if why := check_fits(args.steps, args.global_batch_size):
         parser.error(why)
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
+        print(why, file=sys.stderr)
+        return 2
+    in_namespace = apply_network_flag(args)
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
-    print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": in_namespace}
+    results["runs"] = {}
+    head = f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {network_text(in_namespace)}"
+    print(f"{head}; {METHOD}", flush=True)
     for size in sizes:
         rounds = run_rounds(
             lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, args.device, k),
@@ -311,6 +329,7 @@ def main() -> int:
         print(table(size, rounds["runs"], batch, rounds["failed"]), flush=True)
         print(sweep_line(rounds), flush=True)
         print(setup_lines(rounds["runs"]), flush=True)
+    links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps)
         print(scaling_table(results["scaling"], batch), flush=True)

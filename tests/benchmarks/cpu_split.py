@@ -25,8 +25,9 @@ from pathlib import Path
 import psutil
 
 from cluster.forecast.measure import cpu_by_role
-from tests.benchmarks.bench import PY, ROOT, env_for, free_ports, stop_all
+from tests.benchmarks.bench import PY, ROOT, env_for, stop_all
 from tests.benchmarks.embeddings import JOBS
+from tests.benchmarks.links import free_ports
 
 PROGRESS_ENV = "BENCH_PROGRESS_FILE"  # TF1's worker 0 writes its step count there (tests/benchmarks/peers.py)
 

@@ -1,6 +1,7 @@
 """Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
 
     python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 3] [--steps 400] [--scaling] [--sweep 4,16,64]
+        [--link 1gbit]
 
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
 logits; plain SGD. Token ids are drawn uniformly over the whole table by every peer, a fresh batch
@@ -17,6 +18,8 @@ MultiWorkerMirroredStrategy, one process; and the transfer limit: closures that 
 touched rows from the ps and write as many back, no compute.
 --scaling: pstrain and TF1 with 1, 2, 4 and 8 workers (1 M rows, global batch fixed, 1 ps).
 --per-execution 1,4,16,64: pstrain alone with each number of steps per dispatch (1 M rows), interleaved.
+--keras3: also the same job written with Keras 3 (`import keras`: the same layers, loss and SGD) as the
+peer pstrain-keras3, beside the tf_keras job at every size (1k too).
 
 Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS [K]
 """
@@ -34,6 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from tests.benchmarks import links  # noqa: E402
 from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
 from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
 
@@ -41,6 +45,7 @@ ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 PSTRAIN_ONLY = {"1k"}  # pstrain alone, for the chief's memory baseline
 DIM, TOKENS, HIDDEN, CLASSES = 64, 12, 64, 10
 PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
+KERAS3 = "pstrain-keras3"  # the Keras 3 twin of pstrain's job (--keras3)
 
 
 def build_model(size: str):
@@ -53,6 +58,21 @@ def build_model(size: str):
             tf_keras.layers.GlobalAveragePooling1D(),
             tf_keras.layers.Dense(HIDDEN, activation="relu"),
             tf_keras.layers.Dense(CLASSES),
+        ]
+    )
+
+
+def build_keras3_model(size: str):
+    """build_model's twin in Keras 3 (`import keras`): the same layers and shapes."""
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input(shape=(TOKENS,), dtype="int32"),
+            keras.layers.Embedding(ROWS[size], DIM),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(HIDDEN, activation="relu"),
+            keras.layers.Dense(CLASSES),
         ]
     )
 
@@ -118,7 +138,29 @@ class Emb10M(_Job):
     size = "10m"
 
 
+class _Keras3Job(_Job):
+    """The same job in Keras 3: its model, its loss (mean sparse cross-entropy of logits), plain SGD."""
+
+    @classmethod
+    def model_fn(cls):
+        return build_keras3_model(cls.size)
+
+    @staticmethod
+    def loss_fn():
+        import keras
+
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @staticmethod
+    def optimizer_fn():
+        import keras
+
+        return keras.optimizers.SGD(learning_rate=0.05)
+
+
+Emb1KKeras3, Emb1MKeras3, Emb5MKeras3, Emb10MKeras3 = (type(f"Emb{s.upper()}Keras3", (_Keras3Job,), {"size": s}) for s in ROWS)
 JOBS = {size: f"tests.benchmarks.embeddings:Emb{size.upper()}" for size in ROWS}
+JOBS_KERAS3 = {size: f"tests.benchmarks.embeddings:Emb{size.upper()}Keras3" for size in ROWS}
 
 
 def dense_parameters() -> int:
@@ -212,10 +254,12 @@ ROLES = {
 
 def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu", k: int | None = None) -> dict:
     from tests.benchmarks.bench import K1, launch_peer, peer_pstrain
+    from tests.benchmarks.network import OPEN
 
     if peer.startswith("pstrain"):
-        extra = K1 if peer == "pstrain-k1" else None
-        return peer_pstrain(size, batch, steps, workers=workers, job=JOBS[size], extra=extra, device=device)
+        extra = {"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer)
+        job = (JOBS_KERAS3 if peer == KERAS3 else JOBS)[size]
+        return peer_pstrain(size, batch, steps, workers=workers, job=job, extra=extra, device=device)
     return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device, k)
 
 
@@ -250,10 +294,15 @@ def chief_peak(runs: dict[str, list[dict]]) -> int:
 def chief_line(size: str, runs: dict[str, list[dict]]) -> str:
     """A pstrain-only size: its step and the chief's peak beside the table's size."""
     step = statistics.median(r["step_s"] for r in runs["pstrain"])
-    return (
+    line = (
         f"\n{size}: Embedding({ROWS[size]:,} x {DIM}) + MLP (ids modulo {ROWS[size]:,}), pstrain alone: step "
         f"{step * 1000:.1f} ms; pstrain chief peak RSS {chief_peak(runs):,} MiB (table {table_mib(size):,.1f} MiB)"
     )
+    if runs.get(KERAS3):  # --keras3: the twin beside it
+        twin = statistics.median(r["step_s"] for r in runs[KERAS3])
+        peak = max(r["chief_peak_rss_mib"] for r in runs[KERAS3])
+        line += f"; the Keras 3 twin: step {twin * 1000:.1f} ms, chief peak RSS {peak:,} MiB"
+    return line
 
 
 def chief_memory_line(runs_by_size: dict[str, dict[str, list[dict]]]) -> str:
@@ -324,6 +373,8 @@ def scaling_table(runs: dict[str, dict[int, list[dict]]], batch: int) -> str:
 
 
 def main() -> int:
+    from tests.benchmarks.network import add_network_flag, apply_network_flag
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1k,1m,10m", help=f"of {', '.join(ROWS)}")
     parser.add_argument("--peers", default=",".join(PEERS))
@@ -333,18 +384,28 @@ def main() -> int:
     parser.add_argument("--per-execution", default="", help="also pstrain with each K steps per dispatch, e.g. 1,4,16,64")
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
+    parser.add_argument("--keras3", action="store_true", help="also the job in Keras 3 (peer pstrain-keras3), at every size")
     parser.add_argument("--out", default="")
+    add_network_flag(parser)
+    links.add_flags(parser)
     add_round_args(parser)
     args = parser.parse_args()
     if why := check_fits(args.steps, args.global_batch_size):
         parser.error(why)
+    private_network = apply_network_flag(args)
     from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
 
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
+        print(why, file=sys.stderr)
+        return 2
+
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
+    twin = [KERAS3] if args.keras3 else []
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
+    results["runs"] = {}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
-        here = ["pstrain"] if size in PSTRAIN_ONLY else [*peers, *PROBES]
+        here = ["pstrain", *twin] if size in PSTRAIN_ONLY else [*peers, *twin, *PROBES]
         rounds = run_size(
             results, size, here, lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, device=args.device, k=k), args
         )
@@ -358,6 +419,7 @@ def main() -> int:
     if len(compared) > 1 and "pstrain" in peers:
         steps = [statistics.median(r["step_s"] for r in results["runs"][s]["pstrain"]) for s in compared]
         print(f"\npstrain step at {compared[-1]} ÷ at {compared[0]}: {steps[-1] / steps[0]:.2f}×", flush=True)
+    links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.per_execution:
         values = [int(k) for k in args.per_execution.split(",")]
         results["per_execution"] = per_execution(values, batch, args.steps, args.repeats)

@@ -1,7 +1,7 @@
 """A recommender: two embedding tables and a dense tower, pstrain against its peers (issue 35).
 
     python -m tests.benchmarks.recsys [--sizes 1m,10m] [--repeats 3] [--steps 400] [--peers ...] [--out F]
-        [--seed 0] [--sweep 4,16,64] [--warmup-rounds 1]
+        [--seed 0] [--sweep 4,16,64] [--warmup-rounds 1] [--link 1gbit] [--no-private-network]
 
 The workload parameter servers exist for (TorchRec's, HugeCTR's and Monolith's shape): a user table
 (80 % of the rows) looked up by one user id, an item table (20 %) looked up by HISTORY item ids
@@ -29,8 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from tests.benchmarks import links  # noqa: E402
 from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
 from tests.benchmarks.embeddings import touched_rows  # noqa: E402
+from tests.benchmarks.network import add_network_flag, apply_network_flag  # noqa: E402
 from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
 
 TABLES = {"tiny": (1_600, 400), "1m": (800_000, 200_000), "10m": (8_000_000, 2_000_000)}  # user rows, item rows
@@ -253,6 +255,8 @@ def main() -> int:
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: worker i on GPU i mod the GPUs here")
     parser.add_argument("--out", default="", help="write all results as JSON here")
+    add_network_flag(parser)
+    links.add_flags(parser)
     add_round_args(parser)
     args = parser.parse_args()
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
@@ -260,9 +264,14 @@ def main() -> int:
         parser.error(f"--sizes: unknown {', '.join(unknown)}; give any of {', '.join(TABLES)}")
     if why := check_fits(args.steps, batch):
         parser.error(why)
+    if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
+        print(why, file=sys.stderr)
+        return 2
+    private_network = apply_network_flag(args)
     from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
 
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "runs": {}}
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
+    results["runs"] = {}
     results["workload"] = {
         size: {"tables": TABLES[size], "dim": DIM, "tower_parameters": tower_parameters(size)} for size in sizes
     }
@@ -278,6 +287,7 @@ def main() -> int:
         print(table(size, rounds["runs"], batch, rounds["failed"]), flush=True)
         print(sweep_line(rounds), flush=True)
         print(setup_lines(rounds["runs"]), flush=True)
+    links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -162,3 +162,41 @@ def test_cpu_split_prints_each_roles_cpu_per_step_for_pstrain_and_tf1():
 
 def test_every_workload_has_the_same_peers():
     assert PEERS == EMBEDDING_PEERS == RECSYS_PEERS
+
+
+def test_the_private_network_ab_runs_pstrain_both_ways_and_records_it(tmp_path):
+    """Issue 38's A/B (docs/benchmarks.md): `pstrain-open` beside `pstrain`, and --no-private-network
+    for a whole invocation; each run says, from its own cluster.json, which way it ran."""
+    out = tmp_path / "ab.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.benchmarks.bench",
+        "--sizes",
+        "1m",
+        "--repeats",
+        "1",
+        "--warmup-rounds",
+        "0",
+        "--steps",
+        "5",
+    ]
+    ab = subprocess.run(
+        argv + ["--peers", "pstrain,pstrain-open", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert ab.returncode == 0, ab.stdout[-3000:] + ab.stderr[-3000:]
+    results = json.loads(out.read_text())
+    runs = results["runs"]["1m"]
+    assert results["private_network"] is True and "pstrain's tasks in a private network namespace" in ab.stdout
+    assert runs["pstrain"][0]["private_network"] is True and runs["pstrain-open"][0]["private_network"] is False
+    assert "| pstrain sync, 2 workers, no private network (TF ports open) |" in ab.stdout
+    whole = subprocess.run(
+        argv + ["--peers", "pstrain", "--no-private-network", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["private_network"] is False and results["runs"]["1m"]["pstrain"][0]["private_network"] is False

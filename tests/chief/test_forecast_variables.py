@@ -27,3 +27,17 @@ def test_tables_move_touched_rows_and_dense_variables_move_whole():
     assert len(np.unique(features["user"])) > per_worker  # so a table's whole would be far more than what moved
     dense = [v for name, v in variables.items() if "embedding" not in name]
     assert dense and all(v.push_bytes == v.pull_bytes == v.bytes for v in dense)
+
+
+def test_a_keras3_table_is_split_as_the_launch_splits_it_and_pulled_whole():
+    """tests/jobs/keras3.py's Sharded table (3000 x 48 float32): the launch on 2 ps splits it in 2 shards
+    (tests/system/test_keras3.py), and so does the forecast; its forward pass reads all of it (Keras 3's
+    Embedding converts the table to a tensor), its gradient moves only the touched rows."""
+    from cluster.forecast.model import Variable, shards
+
+    found = {v["name"]: v for v in job_variables("tests.jobs.keras3:Sharded", 16)}
+    table = Variable(**found["big_table/embeddings:0"])
+    assert table.bytes == 3000 * 48 * 4 and table.rows == 3000
+    assert shards(table, 2) == 2 and shards(table, 1) == 1
+    assert table.pull_bytes == table.bytes
+    assert table.push_bytes < table.bytes and table.push_bytes % (48 * 4 + 8) == 0

@@ -80,7 +80,7 @@ def test_who_reaches_a_listener():
 
 
 def test_doctor_warns_of_a_tf_port_anyone_reaches_and_not_of_the_control_plane():
-    from cluster.doctor.checks import doors as door_checks
+    from cluster.doctor.reach import doors as door_checks
 
     anyone, private = "any host that reaches this machine", "the run's own tasks only (private network namespace)"
     found = door_checks([(7, "-m worker", "::", 2222, anyone), (6, "launch", "0.0.0.0", 2229, anyone)], "10.0.0.1:2229")
@@ -88,3 +88,23 @@ def test_doctor_warns_of_a_tf_port_anyone_reaches_and_not_of_the_control_plane()
     assert "[::]:2222" in found[0].message and "control plane" in found[1].message and found[0].fix
     closed = door_checks([(7, "-m worker", "0.0.0.0", 40000, private)], "unix:/r/control.sock")
     assert [c.level for c in closed] == ["INFO", "INFO"] and "unix socket" in closed[0].message
+
+
+def test_doctor_says_whether_the_runs_node_rules_are_in_place():
+    from cluster.doctor.reach import Guardian, guarded, node_rules
+
+    placed_rules = Guardian(9, "nft", "pstrain_9", (2221, 2222), True)
+    assert node_rules([placed_rules], "unix:/r/control.sock") == [], "a private namespace needs none"
+    [none] = node_rules([], "10.0.0.1:2229")
+    assert none.level == "INFO" and "no node rules" in none.message
+    [placed] = node_rules([placed_rules], "10.0.0.1:2229")
+    assert placed.level == "INFO" and placed.message.startswith("nftables table pstrain_9 (guardian pid 9) in place")
+    assert "2221, 2222" in placed.message
+    [gone] = node_rules([Guardian(9, "iptables", "pstrain_9", (2222,), False)], "10.0.0.1:2229")
+    assert gone.level == "WARN" and "iptables chain pstrain_9" in gone.message and "2222 are open" in gone.message and gone.fix
+    [unknown] = node_rules([Guardian(9, "nft", "pstrain_9", (2222,), None)], "10.0.0.1:2229")
+    assert unknown.level == "INFO" and "not root" in unknown.message
+    anyone = "any host that reaches this machine"
+    assert guarded(anyone, 2222, [placed_rules]) == "the cluster's hosts only (nftables table pstrain_9)"
+    assert guarded(anyone, 2229, [placed_rules]) == anyone, "the control port is not in the rules"
+    assert guarded(anyone, 2222, [Guardian(9, "nft", "pstrain_9", (2222,), False)]) == anyone, "rules gone: open"

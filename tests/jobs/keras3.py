@@ -131,3 +131,41 @@ class Accumulating(Plain):
 
 class WeightedMeanLoss(Plain):
     loss_fn = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
+
+
+class Sharded(Plain):
+    """A table larger than a shard (MinSizePartitioner's 256 KiB: 3000 x 48 float32 is 562 KiB), split over
+    2 ps, trained by Adam (whose slots Keras 3 makes variable by variable) with a NonNeg kernel."""
+
+    @staticmethod
+    def model_fn() -> keras.Model:
+        ids = keras.Input((4,), dtype="int32", name="ids")
+        x = keras.layers.Flatten()(keras.layers.Embedding(3000, 48, name="big_table")(ids))
+        x = keras.layers.Dense(16, activation="relu", kernel_constraint=keras.constraints.NonNeg())(x)
+        return keras.Model(ids, keras.layers.Dense(3)(x))
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @staticmethod
+    def optimizer_fn():
+        return keras.optimizers.Adam(1e-2)
+
+    @staticmethod
+    def metrics_fn():
+        return ["accuracy"]
+
+    @staticmethod
+    def train_data():
+        ids, labels = ids_data(256, 0)
+        return ids["ids"] * 6, labels  # rows from all over the table (both shards)
+
+    @staticmethod
+    def eval_data():
+        ids, labels = ids_data(64, 1)
+        return ids["ids"] * 6, labels
+
+
+class ShardedLamb(Sharded):
+    @staticmethod
+    def optimizer_fn():
+        return keras.optimizers.Lamb(1e-2)

@@ -1,7 +1,8 @@
 """The doors of a two-machine cluster, for real: hosts A (launch: chief, ps, worker 0) and B (node:
 worker 1) and an outsider C, one network namespace each on one bridge. While the cluster trains, C is
-refused on every TF port of A and B, a member is not, and `pstrain status` works; the nftables rules
-are gone after a normal end, after SIGKILL of the node, and after SIGKILL of the launcher."""
+refused on every TF port of A and B, a member is not, `pstrain status` works and `doctor --run-dir` on
+A says its rules are in place; the nftables rules are gone after a normal end, after SIGKILL of the
+node, and after SIGKILL of the launcher."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ heartbeat_timeout = 5.0
 steps = {steps}
 checkpoint_every = 50
 run_dir = "{run_dir}"
+"""
+DOCTOR = """\
+import json, sys
+from cluster.doctor.run import run_doors
+from cluster.rundir import RunDir
+print(json.dumps([c.as_dict() for c in run_doors(RunDir(sys.argv[1]))]))
 """
 PROBE = """\
 import json, socket, sys
@@ -115,6 +122,8 @@ def test_an_outsider_is_refused_on_every_tf_port_while_members_train_and_the_rul
             outsider = probe(c, targets)
             member = probe(b, [f"{a.address}:2221"])
             during = {"a": tables(a), "b": tables(b)}
+            doctor_argv = a.command([sys.executable, "-c", DOCTOR, str(run_dir)])
+            doctor = subprocess.run(doctor_argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
             status = subprocess.run(
                 c.command(PSTRAIN + ["status", "--chief", f"{a.address}:2229", "--token-file", token, "--json"]),
                 cwd=ROOT,
@@ -131,6 +140,11 @@ def test_an_outsider_is_refused_on_every_tf_port_while_members_train_and_the_rul
     assert member == {f"{a.address}:2221": "connected"}, "a member reaches the ps"
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "training", status.stderr
     assert all(len(t) == 1 for t in during.values()), during
+    rules = [c for c in json.loads(doctor.stdout or "[]") if c["name"] == "doors.rules"]
+    assert [(c["level"], c["message"].split(" (")[0]) for c in rules] == [("INFO", f"nftables table {during['a'][0]}")], doctor
+    assert "in place: TF ports 2220, 2221, 2222" in rules[0]["message"], "doctor --run-dir on A: the rules and their ports"
+    warned = [c["name"] for c in json.loads(doctor.stdout) if c["level"] != "INFO"]
+    assert warned == [], f"the TF ports behind the rules are not open to any host: {warned}"
     assert codes == [0, 0], output
     assert after == {"a": [], "b": []}, "the rules outlive the run"
     assert "TF ports 2220, 2221, 2222 closed to all but the cluster's hosts" in output

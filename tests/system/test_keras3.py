@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from cluster.rundir import RunDir
 from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
@@ -26,7 +27,9 @@ JOBS = {
     "compiled": ("tests.jobs.keras3:Compiled", ["--ps", "2"]),
     "plain": ("tests.jobs.keras3:Plain", []),
     "keras_io": ("chief.jobs.digits_keras3", []),  # keras.io's MNIST convnet, as written there
+    "sharded": ("tests.jobs.keras3:Sharded", ["--ps", "2"]),  # a table split over 2 ps, Adam's slots too
 }
+GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 EVAL_EVERY = ["--eval-every", "3"]  # the evaluation during training too, on the live model
 
 
@@ -58,12 +61,19 @@ def evals(run_dir: Path) -> list[dict]:
 
 
 def checkpoint_values(run_dir: Path) -> dict[str, np.ndarray]:
+    """Every value of the run's last checkpoint; its object graph without the variables' Keras names (numbered
+    by how many models the process built: a cluster chief also builds its checkpoint mirror)."""
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
-    return {
+    values = {
         key: reader.get_tensor(key)
         for key in reader.get_variable_to_shape_map()
         if key != "save_counter/.ATTRIBUTES/VARIABLE_VALUE"
     }
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(values.pop(GRAPH))
+    for node in graph.nodes:
+        for attribute in node.attributes:
+            attribute.ClearField("full_name")
+    return {**values, GRAPH: str(graph)}
 
 
 @pytest.mark.parametrize("name", list(JOBS))
@@ -94,6 +104,29 @@ def test_compiled_job_uses_compile_and_its_state(runs):
     assert np.all(np.sqrt((kernel**2).sum(axis=0)) <= 1.0 + 1e-6), "MaxNorm(1.0) applied (glorot columns start near 1.17)"
     log = (runs["compiled"]["cluster"] / "logs" / "chief-0.log").read_text()
     assert "row-sparse gradients (only touched rows move): table/embeddings" in log
+
+
+def test_sharded_table_is_split_over_ps(runs):
+    """The table (562 KiB) is split over both ps, its Adam slots with it, and checkpointed full-size."""
+    log = (runs["sharded"]["cluster"] / "logs" / "chief-0.log").read_text()
+    assert "split across ps: big_table/embeddings (2 shards)" in log, log
+    assert "a Keras 3 variable is split over ps: the chief writes them from a full copy" in log, log
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(runs["sharded"]["cluster"] / "checkpoints")))
+    shapes = reader.get_variable_to_shape_map()
+    assert shapes["optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE"] == [3000, 48]  # the table's momentum, whole
+
+
+def test_sharded_refused_where_not_elementwise(tmp_path):
+    """Lamb scales each variable's update by its whole norm: refused on 2 ps, trained on one process."""
+    run_dir = tmp_path / "lamb"
+    job = ["--job", "tests.jobs.keras3:ShardedLamb", "--run-dir", str(run_dir), *COMMON]
+    result = run_pstrain(["launch", "--ps", "2", *job], timeout=200)
+    assert_one_line_error(
+        result, "--job tests.jobs.keras3:ShardedLamb: optimizer_fn: a Keras 3 Lamb updates big_table/embeddings as a whole"
+    )
+    assert "use --ps 1" in result.output
+    assert not (run_dir / "checkpoints").exists() or not list((run_dir / "checkpoints").glob("*.index"))
+    assert_no_orphans(result)
 
 
 def test_plain_job_metrics_and_schedule(runs):

@@ -32,6 +32,14 @@ def test_a_model_larger_than_the_chief_is_refused_saying_what_to_share():
     assert "(20.00 GiB free): share /r with every ps at the same path (a shared mount)" in message
 
 
+def test_a_keras3_variable_split_over_ps_is_checkpointed_by_the_chief_or_refused_naming_one_ps():
+    assert route([], size=1 << 30, free=2 << 30, directory=Path("/r/checkpoints"), keras3_split=True) == "mirror"
+    with pytest.raises(PstrainError) as refused:
+        route([], size=60 << 30, free=20 << 30, directory=Path("/r/checkpoints"), keras3_split=True)
+    assert str(refused.value).startswith("a Keras 3 variable split across ps tasks is checkpointed from a full copy")
+    assert "use --ps 1" in str(refused.value)
+
+
 def test_this_process_reaches_its_directory_and_not_a_missing_one(tmp_path):
     local = "/job:localhost/replica:0/task:0/device:CPU:0"
     assert unreachable_ps(tmp_path / "checkpoints", [local]) == []

@@ -4,6 +4,7 @@ cannot be made refuses a local launch in one line unless --allow-open-ports."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -12,12 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cluster.config import ConfigError, resolve
 from cluster.doctor.listeners import listeners
 from cluster.launch.closing import closed
-from cluster.launch.netns import PrivateNetwork
+from cluster.launch.netns import PrivateNetwork, Unavailable
 from tests.netns import netns_tier
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -119,3 +121,47 @@ def test_an_unprivileged_user_makes_the_namespace_and_its_tasks_keep_their_uid(t
     finally:
         shutil.rmtree(root)
     assert done.stdout.split() == ["65534", "65534", "refused"], done.stderr
+
+
+def namespace_fds() -> list[str]:
+    """The network namespaces this process holds by a descriptor (its own is not held that way)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [link for link in held if link.startswith("net:")]
+
+
+def test_a_maker_that_fails_leaves_no_descriptor_and_no_process():
+    before, fds = namespace_fds(), len(os.listdir("/proc/self/fd"))
+    with pytest.raises(Unavailable, match="usage"):
+        PrivateNetwork._make("bogus")  # the maker refuses (exit 2) instead of saying ready
+    assert namespace_fds() == before and len(os.listdir("/proc/self/fd")) == fds
+    assert psutil.Process().children() == []
+
+
+def test_a_failure_after_the_namespace_is_made_releases_it(tmp_path, monkeypatch):
+    """A run dir too long for a socket and no temporary folder to put one in: the launch fails after
+    the namespace exists; its descriptors are closed all the same."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    long_run_dir = tmp_path / ("d" * 120)
+    before = namespace_fds()
+    with pytest.raises(FileNotFoundError), closed(resolve({}).cluster, None, long_run_dir, []):
+        pass
+    assert namespace_fds() == before
+    assert psutil.Process().children() == []
+
+
+def test_no_private_network_runs_on_the_hosts_network_only_with_open_ports_allowed(tmp_path):
+    """`--no-private-network` (the benchmarks' A/B switch): no namespace is made, and without
+    `--allow-open-ports` it is refused in one line."""
+    before = namespace_fds()
+    with (
+        pytest.raises(ConfigError, match="--allow-open-ports"),
+        closed(resolve({}, {"private_network": False}).cluster, None, tmp_path, []),
+    ):
+        pass
+    opened = resolve({}, {"private_network": False, "allow_open_ports": True}).cluster
+    with closed(opened, None, tmp_path, []) as doors:
+        assert doors.open and doors.network is None and doors.cluster == opened and namespace_fds() == before
+    assert psutil.Process().children() == []
