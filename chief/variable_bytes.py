@@ -24,9 +24,8 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from chief.contract.framework import KERAS3, framework_of
+    from chief.contract.framework import KERAS3, framework_of, trainable_of
     from chief.contract.job import load_job
-    from chief.state.model_state import trainable_of
 
     job = load_job(spec)
     features = sample_features(job, max(1, examples_per_worker))

@@ -3,7 +3,7 @@ of an unsharded twin.
 
 Under a ParameterServerStrategy with a partitioner (chief/state/sharding.py) a Keras 3 variable wraps
 a `ShardedVariable` (its `.value`). Keras 3 itself neither takes gradients for nor applies them to
-one (shared/notes/keras3.md), so pstrain takes the shards as the trainable variables (`shards_of`),
+one (shared/notes/keras3.md), so pstrain takes the shards as the trainable variables (`shards_of`, chief/contract/framework.py),
 as tf_keras lists them, and builds the Keras 3 optimizer on the shards (`build_on_shards`): its slots
 are then shards of the full-size slots, each colocated with its variable, and an elementwise update
 gives each shard exactly its rows of the whole update. What is not elementwise over a variable (a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from chief.contract.framework import KERAS3, framework_of
+from chief.contract.framework import KERAS3, framework_of, sharded_value, shards_of
 from chief.contract.job import JobError
 
 # Keras 3 optimizers whose update of a variable is elementwise (each shard's update is its rows of
@@ -29,19 +29,6 @@ ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop
 
 # optimizer -> {id(slot): (id(the shard or variable it was made for), its name)}, recorded while built.
 _SLOT_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def sharded_value(variable: Any) -> Any:
-    """The `ShardedVariable` a Keras 3 variable wraps on several ps; None for any other variable."""
-    from tensorflow.python.distribute.sharded_variable import ShardedVariable
-
-    value = getattr(variable, "value", None) if framework_of(variable) == KERAS3 else None
-    return value if isinstance(value, ShardedVariable) else None
-
-
-def shards_of(variables: list) -> list:
-    """`variables` with each split Keras 3 variable replaced by its shards (in row order)."""
-    return [shard for v in variables for shard in (sharded_value(v).variables if sharded_value(v) is not None else [v])]
 
 
 def build_on_shards(optimizer: Any, variables: list) -> None:
