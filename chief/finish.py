@@ -54,7 +54,7 @@ def stop_with_checkpoint(run: TrainingRun, done: int, stop: StopTrap, standalone
     elif trained:
         run.checkpoints.save(done)
     run.metrics.close()
-    checkpoint = done if trained else latest_checkpoint_step(run.run_dir.path)
+    checkpoint = done if trained else latest_checkpoint_step(run.run_dir)
     say_stopped(stop, checkpoint, "saved" if trained else "start-up", standalone, run.progress.message, run.run_dir)
     return stop.exit_code
 
@@ -71,7 +71,7 @@ def say_stopped(
 ) -> None:
     """The stop's one line: on the console standalone; in the chief's log in a cluster, whose launcher
     says it on the console, naming a `pstrain stop` as the launcher wrote it before signalling (`stop_cause`)."""
-    commanded = read_stop_cause(run_dir.path) if run_dir and not standalone else ""
+    commanded = read_stop_cause(run_dir) if run_dir and not standalone else ""
     cause, by_command = (commanded, True) if commanded else (stop.cause, stop.commanded)
     line = stop_outcome(cause, by_command, stop.exit_code, checkpoint, how).line
     if standalone:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from chief.contract.framework import variables_of
 from chief.contract.job import Job, load_job
 from chief.data.eval_set import EvalSet, eval_set
 from chief.data.train_source import train_source
@@ -18,7 +19,6 @@ from chief.epochs import Epochs, epochs_for, pass_length
 from chief.metrics import MetricsLog, Progress, learning_rate_fn
 from chief.state.adapted import check_adapted
 from chief.state.checkpoints import Checkpoints
-from chief.state.model_state import variables_of
 from chief.state.route import open_checkpoints
 from chief.state.sharding import placement_summary
 from chief.step.dispatch import ClusterEngine, connect
@@ -121,7 +121,7 @@ def start_run(
     startup = StartupClock()
     check_writable(run_dir)  # before anything, the restore included: a run that could not save is refused now
     with writing(run_dir.path):
-        note_start(run_dir.path, "chief")  # `done in` counts restarts (cluster/run_times.py)
+        note_start(run_dir, "chief")  # `done in` counts restarts (cluster/run_times.py)
     starts = read_records(run_dir.starts)  # read now: the run's times, whatever befalls the run dir
     stop_point(stop)
     if not wait_until_ready(train.startup_timeout + 30, stopped=lambda: stop.requested):

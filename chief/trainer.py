@@ -59,7 +59,7 @@ def run(run_dir: RunDir, train: TrainConfig, standalone: bool, stop: StopTrap, t
         if not standalone:
             KEPT.append(run)  # `python -m chief` ends by os._exit
     except StoppedDuringStartup:
-        say_stopped(stop, latest_checkpoint_step(run_dir.path), "start-up", standalone, run_dir=run_dir)
+        say_stopped(stop, latest_checkpoint_step(run_dir), "start-up", standalone, run_dir=run_dir)
         return stop.exit_code
     train, callbacks = run.train, fit_callbacks(run)  # train: with train.epochs, in steps
     callbacks.begin(run.first_step)

@@ -1,6 +1,6 @@
 """The bytes each trainable variable moves per step, from the user's job: `pstrain plan` runs
 `python -m chief.variable_bytes JOB EXAMPLES_PER_WORKER`, which prints one JSON list of
-{name, bytes, rows, pull_bytes, push_bytes} (cluster/ imports no chief/ module but the CLI's entry points).
+{name, bytes, rows, pull_bytes, push_bytes, split_refused} (cluster/ imports no chief/ module but the CLI's entry points).
 
 A variable whose gradient is an `IndexedSlices` (an embedding's table) is row-sparse: a worker
 pulls and pushes only the rows its batch touches (docs/embeddings.md), counted here on a sample of
@@ -24,9 +24,8 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from chief.contract.framework import KERAS3, framework_of
+    from chief.contract.framework import trainable_of
     from chief.contract.job import load_job
-    from chief.state.model_state import trainable_of
 
     job = load_job(spec)
     features = sample_features(job, max(1, examples_per_worker))
@@ -36,14 +35,26 @@ def job_variables(spec: str, examples_per_worker: int) -> list[dict]:
         total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in tf.nest.flatten(outputs)])
     variables = trainable_of(model)  # tf.Variables, a Keras 3 model's too
     gradients = tape.gradient(total, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    read_whole = framework_of(model) == KERAS3
-    return [describe(v, g, read_whole) for v, g in zip(variables, gradients, strict=True)]
+    refused = split_refusals(job, model) or [""] * len(variables)
+    return [{**describe(v, g), "split_refused": r} for v, g, r in zip(variables, gradients, refused, strict=True)]
 
 
-def describe(variable: Any, gradient: Any, read_whole: bool = False) -> dict:
-    """A variable's sizes; a row-sparse gradient moves its unique rows (and their int64 indices).
-    `read_whole`: the forward pass reads the whole variable, whatever rows it uses (a Keras 3 Embedding:
-    `ops.take` converts its table to a tensor), so a table's pull is all of it; its push stays its rows."""
+def split_refusals(job: Any, model: Any) -> list[str]:
+    """Per trainable variable: why the launch would refuse it split over ps (a Keras 3 job's Lamb,
+    Adafactor, Muon, a constraint: chief/state/keras3_shards.py), or "" where it trains split; none
+    for a tf_keras job (nothing of it is refused split)."""
+    from chief.contract.framework import KERAS3, framework_of
+    from chief.state.keras3_shards import split_refusal
+
+    if framework_of(model) != KERAS3:
+        return []
+    optimizer = job.optimizer_fn()
+    return [split_refusal(optimizer, v) or "" for v in model.trainable_variables]
+
+
+def describe(variable: Any, gradient: Any) -> dict:
+    """A variable's sizes; a row-sparse gradient moves its unique rows (and their int64 indices), both
+    ways: a lookup gathers on the table's ps (a Keras 3 Embedding too: chief/contract/keras3_lookup.py)."""
     import tensorflow as tf
 
     size = int(variable.shape.num_elements() or 0) * variable.dtype.size
@@ -51,13 +62,7 @@ def describe(variable: Any, gradient: Any, read_whole: bool = False) -> dict:
     if isinstance(gradient, tf.IndexedSlices):
         touched = len(np.unique(gradient.indices.numpy()))
         moved = touched * (size // max(1, rows)) + 8 * touched
-        return {
-            "name": variable.name,
-            "bytes": size,
-            "rows": rows,
-            "pull_bytes": size if read_whole else moved,
-            "push_bytes": moved,
-        }
+        return {"name": variable.name, "bytes": size, "rows": rows, "pull_bytes": moved, "push_bytes": moved}
     return {"name": variable.name, "bytes": size, "rows": rows, "pull_bytes": size, "push_bytes": size}
 
 

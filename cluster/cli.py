@@ -283,11 +283,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return control_call(args)
         if args.command == "node" and args.slurm:
-            from cluster.launch.slurm_node import run_slurm_node
+            from cluster.launch.slurm_node import run_slurm_node, slurm_config
 
             if not args.config:
                 raise ConfigError("pstrain node --slurm: give --config FILE (the job's config, on every node)")
-            return run_slurm_node(args.config, args.port_base)
+            config, local_tasks, runs_chief = slurm_config(load_toml(args.config), os.environ, args.port_base)
+            return run_slurm_node(config, RunDir(config.train.run_dir), local_tasks, runs_chief)
         if args.command == "node":
             return run_node_command(args)
         if args.command == "doctor":
@@ -303,9 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"pstrain: wrote {p}" for p in render(RunDir(args.run_dir))))
             return 0
         if args.command == "task":
-            from cluster.launch.pod import run_task
+            from cluster.launch.pod import pod_env, run_task
 
-            return run_task(args.config, args.control_port)
+            config, task_type, env = pod_env(load_toml(args.config) if args.config else {}, os.environ, args.control_port)
+            return run_task(config, task_type, env, RunDir(config.train.run_dir), args.config)
         if args.command == "render":
             return run_render(args)
         if args.command == "plan":
@@ -321,11 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.launch.launcher import launch
 
         config = config_from_args(args, gpu_count=gpu_count())
+        layout = RunDir(config.train.run_dir)  # the run's one layout, passed down from here
         if config.cluster.engine == "ray":
             from cluster.launch.ray_engine import launch_ray
 
-            return launch_ray(config)
-        return launch(config)
+            return launch_ray(config, layout)
+        return launch(config, layout)
     except PstrainError as e:
         return report(e)
     except KeyboardInterrupt:  # Ctrl-C before a command's own stop trap is in place
@@ -354,15 +357,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from cluster.native_log import native_stderr_to
-    from cluster.rundir import RunDir
 
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     forget_tf_config()
-    logs = RunDir(Path(args.run_dir)).logs
-    with native_stderr_to(logs / "evaluate.log") if logs.is_dir() else nullcontext():  # TensorFlow's C++ lines: the log
+    run_dir = RunDir(args.run_dir)  # the run's one layout, passed down from here
+    with native_stderr_to(run_dir.log("evaluate")) if run_dir.logs.is_dir() else nullcontext():  # TensorFlow's C++ lines
         from chief.sidecar import follow
 
-        return follow(RunDir(args.run_dir), timeout_s=args.timeout, poll_s=args.poll)
+        return follow(run_dir, timeout_s=args.timeout, poll_s=args.poll)
 
 
 def run_standalone(config: Config) -> int:
@@ -380,7 +382,7 @@ def run_standalone(config: Config) -> int:
     check_writable(run_dir)
     with RunDirLock(run_dir, "pstrain train --standalone"), StopTrap() as stop:  # a stop during imports counts
         with writing(run_dir.path):
-            rundir.prepare(run_dir.path, rundir.describe("standalone", config.train, None), config.train)
+            rundir.prepare(run_dir, rundir.describe("standalone", config.train, None), config.train)
         with native_stderr_to(run_dir.log("standalone")):  # TensorFlow's C++ start-up lines: the log, not the console
             from chief.trainer import main_guarded
 

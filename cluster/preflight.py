@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from cluster.errors import ConfigError, write_error
-from cluster.rundir import RunDir
+from cluster.rundir import RunDir, newest_checkpoint_bytes
 
 MIN_FREE_BYTES = 1 << 20  # refused below this, or below room for one checkpoint of the newest one's size
 
@@ -35,18 +35,6 @@ def write_problem(directory: Path) -> OSError | None:
     except OSError as e:
         return e
     return None
-
-
-def newest_checkpoint_bytes(checkpoints: Path) -> int:
-    """The size of the newest complete checkpoint in `checkpoints` (0: none)."""
-    try:
-        indexes = sorted(checkpoints.glob("ckpt-*.index"), key=lambda p: p.stat().st_mtime)
-    except OSError:
-        return 0
-    if not indexes:
-        return 0
-    prefix = indexes[-1].name.removesuffix(".index")
-    return sum(p.stat().st_size for p in checkpoints.glob(prefix + ".*"))
 
 
 def run_dir_paths(layout: RunDir) -> list[Path]:

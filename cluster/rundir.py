@@ -1,7 +1,8 @@
 """The run directory: its layout (`RunDir`), the config record (cluster.json), metrics.jsonl as read back,
 and whether an existing one may be resumed. Every reader and writer of a run directory takes its paths
 here (tests/test_owners.py refuses a `run_dir /` join elsewhere); metrics.jsonl and cluster.json are parsed
-nowhere else. `python -m chief` builds one RunDir and passes it down.
+nowhere else. A RunDir is made where a run dir enters a process (`python -m chief`, `pstrain`) and passed
+down: the helpers here take it, not a path to wrap again.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +44,10 @@ class RunDir:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
 
+    def resolved(self) -> RunDir:
+        """The same run dir by its absolute path, symlinks resolved (the same path on every node)."""
+        return RunDir(self.path.resolve())
+
     @property
     def config_record(self) -> Path:
         """cluster.json: the resolved cluster and [train] settings (`describe`), written by `prepare`."""
@@ -63,6 +69,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def checkpoint_state(self) -> Path:
+        """checkpoints/checkpoint: TF's state file naming the latest checkpoint and those kept."""
+        return self.checkpoints / CHECKPOINT_STATE
 
     @property
     def evaluations(self) -> Path:
@@ -163,35 +174,35 @@ class ControlRecord:
     pid: int = 0
 
 
-def write_control(run_dir: Path, record: ControlRecord) -> None:
+def write_control(run_dir: RunDir, record: ControlRecord) -> None:
     """Write control.json whole (a reader never sees half of it)."""
-    path = RunDir(run_dir).control_record
+    path = run_dir.control_record
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
     tmp.replace(path)
 
 
-def remove_control(run_dir: Path, record: ControlRecord) -> None:
+def remove_control(run_dir: RunDir, record: ControlRecord) -> None:
     """Remove control.json when it is still `record`'s (a later launch may have written its own)."""
     try:
         if read_control(run_dir) == record:
-            RunDir(run_dir).control_record.unlink(missing_ok=True)
+            run_dir.control_record.unlink(missing_ok=True)
     except (ConfigError, OSError):
         pass
 
 
-def read_control(run_dir: Path) -> ControlRecord:
+def read_control(run_dir: RunDir) -> ControlRecord:
     """control.json of `run_dir`; ConfigError (one line) when there is none or it does not parse."""
-    path = RunDir(run_dir).control_record
-    if not run_dir.is_dir():
-        raise ConfigError(f"--run-dir: {run_dir} is not a directory; give the --run-dir of a running pstrain launch")
+    path = run_dir.control_record
+    if not run_dir.path.is_dir():
+        raise ConfigError(f"--run-dir: {run_dir.path} is not a directory; give the --run-dir of a running pstrain launch")
     try:
         data = json.loads(path.read_text())
         return ControlRecord(**{k: data[k] for k in ("target", "engine", "token_file")}, **_optional(data))
     except FileNotFoundError:
         raise ConfigError(
-            f"--run-dir: {run_dir} has no control.json: no pstrain launch is serving a control plane there "
-            "(it ended, or the run is standalone); start one with: pstrain launch --run-dir " + str(run_dir)
+            f"--run-dir: {run_dir.path} has no control.json: no pstrain launch is serving a control plane there "
+            "(it ended, or the run is standalone); start one with: pstrain launch --run-dir " + str(run_dir.path)
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--run-dir: cannot read {path} ({e}); give the --run-dir of a running pstrain launch") from None
@@ -201,22 +212,22 @@ def _optional(data: dict[str, Any]) -> dict[str, Any]:
     return {k: data[k] for k in ("tls_ca", "host", "pid") if k in data}
 
 
-def write_stop_cause(run_dir: Path, cause: str) -> None:
-    RunDir(run_dir).stop_cause.write_text(cause + "\n")
+def write_stop_cause(run_dir: RunDir, cause: str) -> None:
+    run_dir.stop_cause.write_text(cause + "\n")
 
 
-def read_stop_cause(run_dir: Path) -> str:
+def read_stop_cause(run_dir: RunDir) -> str:
     """The cause the launcher wrote ("" when none: a stop by a signal, or no launcher)."""
     try:
-        return RunDir(run_dir).stop_cause.read_text().strip()
+        return run_dir.stop_cause.read_text().strip()
     except OSError:
         return ""
 
 
-def latest_step(run_dir: Path) -> tuple[int, float] | None:
+def latest_step(run_dir: RunDir) -> tuple[int, float] | None:
     """(steps done, wall time at the end of that step's block) from the newest step line of metrics.jsonl
     (whose "step" counts from 0); None before the first step."""
-    for record in reversed(RunDir(run_dir).read_metrics()):
+    for record in reversed(run_dir.read_metrics()):
         if "event" not in record and "step" in record and "time" in record:
             return int(record["step"]) + 1, float(record["time"])
     return None
@@ -271,9 +282,8 @@ def check_compatible(previous: dict[str, Any], train: TrainConfig) -> None:
             )
 
 
-def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
+def prepare(layout: RunDir, record: dict[str, Any], train: TrainConfig) -> None:
     """Create the layout and write cluster.json, after checking any earlier run there."""
-    layout = RunDir(run_dir)
     path = layout.config_record
     if path.exists():
         try:
@@ -286,13 +296,13 @@ def prepare(run_dir: Path, record: dict[str, Any], train: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
-    note_start(run_dir, "launch")
+    note_start(layout, "launch")
 
 
-def note_start(run_dir: Path, event: str, now: float | None = None) -> None:
+def note_start(run_dir: RunDir, event: str, now: float | None = None) -> None:
     """Append a start record ("launch" or "chief") to RUN_DIR/starts.jsonl: how `done in` counts from
     the first launch and counts restarts."""
-    with open(RunDir(run_dir).starts, "a") as f:
+    with open(run_dir.starts, "a") as f:
         f.write(json.dumps({"event": event, "time": round(time.time() if now is None else now, 3)}) + "\n")
 
 
@@ -304,35 +314,74 @@ def write_secret(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
+# Checkpoint names: checkpoint N of a run is the prefix `checkpoints/ckpt-N` (files `ckpt-N.index` and
+# `ckpt-N.data-K-of-M`; a write in progress `ckpt-N_temp`), listed in the state file `checkpoints/checkpoint`
+# as TF's checkpoint_management writes it. Only this module builds or parses the name (tests/test_owners.py).
+CHECKPOINT_STATE = "checkpoint"
+_INDEX = re.compile(r"ckpt-(\d+)\.index")
+_DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
+
+
+def checkpoint_name(step: int) -> str:
+    """The prefix's name of checkpoint `step` in checkpoints/ (TF adds `.index`, `.data-*`). Pure."""
+    return f"ckpt-{step}"
+
+
 def checkpoint_step(state_text: str) -> int | None:
     """The step of the latest checkpoint a `checkpoints/checkpoint` state file names (None: none). Pure."""
-    import re
-
     found = re.search(r'^model_checkpoint_path: "(?:.*/)?ckpt-(\d+)"', state_text, re.M)
     return int(found.group(1)) if found else None
 
 
-def latest_checkpoint_step(run_dir: Path) -> int | None:
+def checkpoint_prefixes(directory: Path) -> list[Path]:
+    """Every complete checkpoint's prefix (its index written) in the checkpoints `directory`, oldest first."""
+    found = [(int(m.group(1)), p) for p in directory.glob("ckpt-*.index") if (m := _INDEX.fullmatch(p.name))]
+    return [p.with_suffix("") for _, p in sorted(found)]
+
+
+def partial_saves(directory: Path) -> list[Path]:
+    """What an interrupted save left in the checkpoints `directory`: `ckpt-N_temp` files and directories,
+    and data files whose index was never written."""
+    data = [(p, m.group(1)) for p in directory.glob("ckpt-*.data-*") if (m := _DATA.fullmatch(p.name))]
+    unindexed = [p for p, prefix in data if not (directory / f"{prefix}.index").exists()]
+    return sorted([*directory.glob("*_temp*"), *unindexed])
+
+
+def newest_checkpoint_bytes(*directories: Path) -> int:
+    """The size of the newest complete checkpoint (by its index's time) in any of the checkpoints
+    `directories`: its index and data files; 0 when there is none."""
+    try:
+        indexes = [p for d in directories for p in d.glob("ckpt-*.index") if _INDEX.fullmatch(p.name)]
+        if not indexes:
+            return 0
+        newest = max(indexes, key=lambda p: p.stat().st_mtime)
+        return sum(p.stat().st_size for p in newest.parent.glob(newest.name.removesuffix(".index") + ".*"))
+    except OSError:  # a checkpoint deleted (MAX_TO_KEEP) between the listing and its stat
+        return 0
+
+
+def checkpoint_bytes_within(path: Path) -> int:
+    """`newest_checkpoint_bytes` of the run dir `path` and of the run dirs directly inside it (`runs/`)."""
+    return newest_checkpoint_bytes(*(RunDir(p).checkpoints for p in (path, *path.glob("*/"))))
+
+
+def latest_checkpoint_step(run_dir: RunDir) -> int | None:
     """The step of the run's latest complete checkpoint, read without TensorFlow; None when there is none."""
     try:
-        return checkpoint_step((RunDir(run_dir).checkpoints / "checkpoint").read_text())
+        return checkpoint_step(run_dir.checkpoint_state.read_text())
     except OSError:
         return None
 
 
-def checkpoint_progress(run_dir: Path) -> tuple[tuple[str, int], ...]:
+def checkpoint_progress(run_dir: RunDir) -> tuple[tuple[str, int], ...]:
     """The names and sizes of RUN_DIR/checkpoints' files, with those inside a write's `ckpt-N_temp`
     directory: a write in progress grows them, a finished one renames them and adds its index. Two
     looks that differ show the write progressed."""
     found: list[tuple[str, int]] = []
     try:
-        for path in (RunDir(run_dir).checkpoints).iterdir():
+        for path in run_dir.checkpoints.iterdir():
             inside = list(path.iterdir()) if path.is_dir() else [path]
             found += [(f"{path.name}/{f.name}", f.stat().st_size) for f in inside]
     except OSError:  # no directory yet; or a file renamed between the listing and its stat: a change
         found.append(("", -1))
     return tuple(sorted(found))
-
-
-def load_train(run_dir: Path) -> TrainConfig:
-    return RunDir(run_dir).train()

@@ -15,8 +15,9 @@ PACKAGES = ("chief", "worker", "cluster")
 ROOMS = ("chief.step", "chief.data", "chief.state")  # below the run loop and its views
 CONTRACT = ("chief.contract",)  # the job contract: below the rooms
 WORKER_ROOMS = ("worker.ps", "worker.replica", "worker.input")  # the code that runs on the ps and the workers
-# What the worker rooms may use of the chief: the job contract and the model state their programs read.
-WORKER_ROOMS_USE = ("chief.contract", "chief.state")
+# What the worker rooms may use of the chief: the job contract (the job's own code, and what its framework's
+# variables are); the model state is the chief's to build.
+WORKER_ROOMS_USE = ("chief.contract",)
 # The `pstrain` command dispatches to the chief's entry points (train, evaluate, plot), importing them lazily.
 CLI_INTO_CHIEF = {("cluster.cli", "chief.plots"), ("cluster.cli", "chief.sidecar"), ("cluster.cli", "chief.trainer")}
 

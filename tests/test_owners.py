@@ -102,17 +102,16 @@ def test_only_rundir_makes_run_dir_paths():
     assert not found, "run-dir paths made outside cluster/rundir.py (add a RunDir property): " + "; ".join(found)
 
 
-# The modules that build a RunDir today. The issue's aim is at most 4 outside cluster/rundir.py (the entry
-# points, each building one and passing it down); until the rest take theirs from a caller, this list only
-# shrinks: a new module building its own RunDir fails here.
+# The modules that build a RunDir (issue 37: at most 4 outside cluster/rundir.py): where a run directory
+# enters a process, each building one and passing it down: `python -m chief`, `pstrain` (every command:
+# launch, Ray, Slurm, task, status, evaluate, ...), `python -m cluster.doctor.gpu_check`, and `pstrain
+# plan`'s measure, which makes the temporary run dir it measures. Exactly these: a module that builds its
+# own fails, and so does one listed that no longer does.
 RUN_DIR_BUILDERS = {
     "chief/__main__.py",
     "cluster/cli.py",
     "cluster/doctor/gpu_check.py",
     "cluster/forecast/measure.py",
-    "cluster/launch/launcher.py",
-    "cluster/launch/ray_engine.py",
-    "cluster/launch/slurm_node.py",
 }
 
 
@@ -128,6 +127,53 @@ def test_no_new_module_builds_its_own_run_dir():
                 if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "RunDir":
                     builders.add(name)
     builders -= RUN_DIR_OWNERS
+    assert len(RUN_DIR_BUILDERS) <= 4, "issue 37's bound: at most 4 modules outside cluster/rundir.py build a RunDir"
     new, gone = sorted(builders - RUN_DIR_BUILDERS), sorted(RUN_DIR_BUILDERS - builders)
     assert not new, "builds its own RunDir (take it from the caller): " + ", ".join(new)
     assert not gone, "no longer builds one: drop it from RUN_DIR_BUILDERS: " + ", ".join(gone)
+
+
+CHECKPOINT_NAME = re.compile(r"ckpt")
+
+
+def checkpoint_name_makers(source: str) -> list[str]:
+    """The lines of `source` whose code (a string or f-string, a pattern; not a docstring or a comment)
+    names a checkpoint file `ckpt...`: what builds or parses the name. Read by AST."""
+    import ast
+
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        if CHECKPOINT_NAME.search(node.value)
+    ]
+
+
+def test_the_checkpoint_name_scan_sees_what_it_looks_for():
+    made = ['prefix = directory / f"ckpt-{step}"', 'glob("ckpt-*.index")', 're.compile(r"(ckpt-\\d+)\\.data")']
+    assert all(checkpoint_name_makers(line) for line in made), [line for line in made if not checkpoint_name_makers(line)]
+    fine = ['def f():\n    """Writes `ckpt-N_temp`."""\n', "x = 1  # ckpt-3", "checkpoint_name(step)", '"checkpoint"']
+    assert not any(checkpoint_name_makers(line) for line in fine)
+
+
+def test_only_rundir_names_checkpoints():
+    """`ckpt-N` (checkpoint N's prefix, its index, data and temp files) is built and parsed in
+    cluster/rundir.py only (checkpoint_name, checkpoint_step, checkpoint_prefixes, partial_saves,
+    newest_checkpoint_bytes); everything else asks it."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if name not in RUN_DIR_OWNERS:
+                found += [f"{name}:{line}" for line in checkpoint_name_makers(path.read_text())]
+    assert not found, "a checkpoint name made outside cluster/rundir.py (ask its checkpoint functions): " + "; ".join(found)
+    assert checkpoint_name_makers((ROOT / "cluster/rundir.py").read_text()), "the scan must see rundir.py's own"

@@ -79,6 +79,35 @@ def tf_variable(variable: Any) -> Any:
     return variable
 
 
+def sharded_value(variable: Any) -> Any:
+    """The `ShardedVariable` a Keras 3 variable wraps on several ps; None for any other variable."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    value = getattr(variable, "value", None) if framework_of(variable) == KERAS3 else None
+    return value if isinstance(value, ShardedVariable) else None
+
+
+def shards_of(variables: list) -> list:
+    """`variables` with each split Keras 3 variable replaced by its shards (in row order)."""
+    return [shard for v in variables for shard in (sharded_value(v).variables if sharded_value(v) is not None else [v])]
+
+
+def variables_of(weights: Any) -> list[Any]:
+    """The `tf.Variable`s among a model's `weights` (or `trainable_variables`, `non_trainable_weights`,
+    an optimizer's `variables`): a lookup layer adapted to its data also lists its vocabulary there, a
+    weight handler that is no variable (every copy of the model adapts it on the same data:
+    chief/state/adapted.py); a Keras 3 variable stands for the `tf.Variable` it wraps, or for its shards
+    when split over ps tasks (chief/state/keras3_shards.py), as tf_keras lists a split variable."""
+    from tf_keras.src.engine.base_layer_utils import TrackableWeightHandler
+
+    return [tf_variable(w) for w in shards_of(weights) if not isinstance(w, TrackableWeightHandler)]
+
+
+def trainable_of(model: Any) -> list[Any]:
+    """The model's trainable `tf.Variable`s, in Keras's order: what gradients are taken for and pushed."""
+    return variables_of(model.trainable_variables)
+
+
 def compiled_parts(model: Any) -> dict[str, Any] | None:
     """What `model.compile(...)` set, as {optimizer, loss, loss_weights, metrics, weighted_metrics}
     (None where not given); None when the model was not compiled."""

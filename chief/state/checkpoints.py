@@ -27,15 +27,14 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.checkpoint import checkpoint_management
 
-from chief.contract.framework import seed_states
+from chief.contract.framework import seed_states, variables_of
 from chief.state.keras3_shards import slot_order
-from chief.state.model_state import ModelState, finalize_layers, variables_of
+from chief.state.model_state import ModelState, finalize_layers
 from cluster.errors import TrainingError, writing
+from cluster.rundir import CHECKPOINT_STATE, checkpoint_name, checkpoint_prefixes, partial_saves
 
 MAX_TO_KEEP = 3  # a damaged newest checkpoint still leaves at least two good ones to resume from
 DAMAGED = "damaged"  # subdirectory where damaged checkpoints are moved, for inspection
-_STEP = re.compile(r"ckpt-(\d+)\.index$")
-_DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+$")
 # What reading a damaged checkpoint raises: TF's error classes vary with the damage ("file is too short
 # to be an sstable" is a bare OpError). A ps that fails while restoring raises one of NETWORK_ERRORS:
 # that is no damage, the checkpoint stays.
@@ -68,23 +67,14 @@ def same_directory(directory: Path, identity: tuple[int, int] | None) -> None:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory (its file system is gone)", str(directory))
 
 
-def checkpoint_prefixes(directory: Path) -> list[Path]:
-    """Every complete checkpoint's prefix (RUN_DIR/checkpoints/ckpt-N) in `directory`, oldest first."""
-    found = [(int(m.group(1)), p) for p in directory.glob("ckpt-*.index") if (m := _STEP.search(p.name))]
-    return [p.with_suffix("") for _, p in sorted(found)]
-
-
 def files_of(prefix: Path) -> list[Path]:
     """The index and data files of one checkpoint."""
     return sorted(prefix.parent.glob(prefix.name + ".*"))
 
 
 def remove_partial_saves(directory: Path) -> list[Path]:
-    """Delete what an interrupted save left (`ckpt-N_temp` files and directories, data files whose index
-    was never written); returns them."""
-    data = [(p, m.group(1)) for p in directory.glob("ckpt-*.data-*") if (m := _DATA.search(p.name))]
-    unindexed = [p for p, prefix in data if not (directory / f"{prefix}.index").exists()]
-    leftovers = sorted([*directory.glob("*_temp*"), *unindexed])
+    """Delete what an interrupted save left (cluster/rundir.py's `partial_saves`); returns them."""
+    leftovers = partial_saves(directory)
     for path in leftovers:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     return leftovers
@@ -182,7 +172,7 @@ class Checkpoints:
         if good:
             write_listing(self.directory, good[-1], good)
         else:
-            (self.directory / "checkpoint").unlink(missing_ok=True)
+            (self.directory / CHECKPOINT_STATE).unlink(missing_ok=True)
 
     def sync(self) -> None:
         """Nothing to copy: evaluation and export read the training state itself."""
@@ -196,7 +186,7 @@ class Checkpoints:
         written) becomes the latest, and the oldest beyond MAX_TO_KEEP are deleted. The directory must be
         the one the run started with: one whose file system was unmounted under the run would otherwise be
         made again, silently, on the file system below."""
-        prefix = self.directory / f"ckpt-{step}"
+        prefix = self.directory / checkpoint_name(step)
         try:
             with writing(prefix):  # no space, no permission (a ps's too), read-only or gone: one line with the fix
                 same_directory(self.directory, self._identity)  # before mkdir, which would make it anew on the mount point
@@ -206,7 +196,7 @@ class Checkpoints:
             with suppress(OSError):  # a read-only or vanished directory keeps its leftovers: the write's error is the news
                 remove_partial_saves(self.directory)
             raise
-        with writing(self.directory / "checkpoint"):  # the disk may turn read-only between the write and the listing
+        with writing(self.directory / CHECKPOINT_STATE):  # the disk may turn read-only between the write and the listing
             kept = checkpoint_prefixes(self.directory)
             for old in kept[:-MAX_TO_KEEP]:
                 for path in files_of(old):

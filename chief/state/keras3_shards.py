@@ -3,7 +3,7 @@ of an unsharded twin.
 
 Under a ParameterServerStrategy with a partitioner (chief/state/sharding.py) a Keras 3 variable wraps
 a `ShardedVariable` (its `.value`). Keras 3 itself neither takes gradients for nor applies them to
-one (shared/notes/keras3.md), so pstrain takes the shards as the trainable variables (`shards_of`),
+one (shared/notes/keras3.md), so pstrain takes the shards as the trainable variables (`shards_of`, chief/contract/framework.py),
 as tf_keras lists them, and builds the Keras 3 optimizer on the shards (`build_on_shards`): its slots
 are then shards of the full-size slots, each colocated with its variable, and an elementwise update
 gives each shard exactly its rows of the whole update. What is not elementwise over a variable (a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from chief.contract.framework import KERAS3, framework_of
+from chief.contract.framework import KERAS3, framework_of, sharded_value, shards_of
 from chief.contract.job import JobError
 
 # Keras 3 optimizers whose update of a variable is elementwise (each shard's update is its rows of
@@ -29,19 +29,6 @@ ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop
 
 # optimizer -> {id(slot): (id(the shard or variable it was made for), its name)}, recorded while built.
 _SLOT_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def sharded_value(variable: Any) -> Any:
-    """The `ShardedVariable` a Keras 3 variable wraps on several ps; None for any other variable."""
-    from tensorflow.python.distribute.sharded_variable import ShardedVariable
-
-    value = getattr(variable, "value", None) if framework_of(variable) == KERAS3 else None
-    return value if isinstance(value, ShardedVariable) else None
-
-
-def shards_of(variables: list) -> list:
-    """`variables` with each split Keras 3 variable replaced by its shards (in row order)."""
-    return [shard for v in variables for shard in (sharded_value(v).variables if sharded_value(v) is not None else [v])]
 
 
 def build_on_shards(optimizer: Any, variables: list) -> None:
@@ -88,25 +75,33 @@ def slot_order(optimizer: Any, model_variables: list, optimizer_variables: list)
 
 
 def refuse_sharded(spec: str, model: Any, optimizer: Any) -> None:
-    """Raise JobError (one line) for what would not train exactly with a Keras 3 variable split over ps:
-    an optimizer whose update is not elementwise, weight-decay exclusions, a constraint (NonNeg aside)."""
-    split = [v for v in model.trainable_variables if sharded_value(v) is not None]
-    if not split or framework_of(optimizer) != KERAS3:
+    """Raise JobError (one line) for what would not train exactly with a Keras 3 variable split over ps
+    (`split_refusal`)."""
+    if framework_of(optimizer) != KERAS3:
         return
+    for v in model.trainable_variables:
+        if sharded_value(v) is not None and (reason := split_refusal(optimizer, v)):
+            raise JobError(f"--job {spec}: {reason}")
+
+
+def split_refusal(optimizer: Any, variable: Any) -> str | None:
+    """Why the Keras 3 `variable` would not train exactly split over ps with the Keras 3 `optimizer`
+    (the line's text after `--job SPEC: `): an optimizer whose update is not elementwise, weight-decay
+    exclusions, a constraint (NonNeg aside); None where it would. `pstrain plan` says it before measuring."""
     import keras
 
     fix = "use --ps 1 (no variable is split)"
     kind = type(optimizer).__name__
     if kind not in ELEMENTWISE:
-        raise JobError(
-            f"--job {spec}: optimizer_fn: a Keras 3 {kind} updates {split[0].path} as a whole, which is split across ps "
+        return (
+            f"optimizer_fn: a Keras 3 {kind} updates {variable.path} as a whole, which is split across ps "
             f"tasks; {fix}, or one of {', '.join(ELEMENTWISE)}"
         )
     if getattr(optimizer, "_exclude_from_weight_decay", None) or getattr(optimizer, "_exclude_from_weight_decay_pattern", None):
-        raise JobError(f"--job {spec}: optimizer_fn: exclude_from_weight_decay with a variable split across ps tasks; {fix}")
-    for v in split:
-        if v.constraint is not None and not isinstance(v.constraint, keras.constraints.NonNeg):
-            raise JobError(
-                f"--job {spec}: model_fn: {v.path} has a {type(v.constraint).__name__} constraint and is split across ps "
-                f"tasks, where it would apply per shard; {fix}, or drop the constraint (NonNeg works on shards)"
-            )
+        return f"optimizer_fn: exclude_from_weight_decay with a variable split across ps tasks; {fix}"
+    if variable.constraint is not None and not isinstance(variable.constraint, keras.constraints.NonNeg):
+        return (
+            f"model_fn: {variable.path} has a {type(variable.constraint).__name__} constraint and is split across ps "
+            f"tasks, where it would apply per shard; {fix}, or drop the constraint (NonNeg works on shards)"
+        )
+    return None

@@ -9,10 +9,10 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from chief.contract.framework import KERAS3, framework_of, tf_variable
+from chief.contract.framework import KERAS3, framework_of
 from chief.contract.job import Job
 from chief.state.initial_values import build_layers, full_rows_initializers, seeded_build
-from chief.state.keras3_shards import build_on_shards, refuse_sharded, shards_of
+from chief.state.keras3_shards import build_on_shards, refuse_sharded
 from chief.state.unfilled import unfilled_initializers
 
 log = logging.getLogger("pstrain.chief")
@@ -70,22 +70,6 @@ def mirror_state(job: Job, sample) -> ModelState:
         create_optimizer_slots(optimizer, model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     return ModelState(model=model, optimizer=optimizer, global_step=global_step)
-
-
-def variables_of(weights) -> list[tf.Variable]:
-    """The `tf.Variable`s among a model's `weights` (or `trainable_variables`, `non_trainable_weights`,
-    an optimizer's `variables`): a lookup layer adapted to its data also lists its vocabulary there, a
-    weight handler that is no variable (every copy of the model adapts it on the same data:
-    chief/state/adapted.py); a Keras 3 variable stands for the `tf.Variable` it wraps, or for its shards
-    when split over ps tasks (chief/state/keras3_shards.py), as tf_keras lists a split variable."""
-    from tf_keras.src.engine.base_layer_utils import TrackableWeightHandler
-
-    return [tf_variable(w) for w in shards_of(weights) if not isinstance(w, TrackableWeightHandler)]
-
-
-def trainable_of(model) -> list[tf.Variable]:
-    """The model's trainable `tf.Variable`s, in Keras's order: what gradients are taken for and pushed."""
-    return variables_of(model.trainable_variables)
 
 
 def finalize_layers(model: tf_keras.Model) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import tensorflow as tf
 
+from chief.contract.framework import sharded_value
 from chief.contract.job import Job
 from chief.state.checkpoints import Checkpoints, checkpointed_variables, say
-from chief.state.keras3_shards import sharded_value
 from chief.state.mirror import MirrorCheckpoints
 from chief.state.model_state import ModelState
 from cluster.errors import PstrainError

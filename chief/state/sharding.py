@@ -119,17 +119,3 @@ def _task(device: str) -> str:
     """'/job:ps/replica:0/task:1/device:CPU:0' -> 'ps:1'."""
     spec = tf.DeviceSpec.from_string(device)
     return f"{spec.job}:{spec.task}"
-
-
-def whole_variables(variables: Sequence[tf.Variable]) -> list[range]:
-    """The positions in `variables` of each whole variable: a shard's run of consecutive siblings
-    (TF marks the shards of one `ShardedVariable` with `_sharded_container`), else one position."""
-    groups: list[range] = []
-    for i, v in enumerate(variables):
-        container = getattr(v, "_sharded_container", None)
-        previous = getattr(variables[i - 1], "_sharded_container", None) if i else None
-        if container is not None and previous is not None and container() is not None and previous() is container():
-            groups[-1] = range(groups[-1].start, i + 1)
-        else:
-            groups.append(range(i, i + 1))
-    return groups

@@ -19,10 +19,11 @@ from concurrent import futures
 import numpy as np
 import tensorflow as tf
 
+from chief.contract.framework import trainable_of, variables_of
 from chief.contract.job import Job, job_file
 from chief.data.train_source import explain_worker_error
 from chief.state.initial_values import PS_INIT_MIN_BYTES
-from chief.state.model_state import allow_loss_scaling_under_ps, build_state, trainable_of, variables_of
+from chief.state.model_state import allow_loss_scaling_under_ps, build_state
 from chief.state.sharding import partitioner
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from chief.contract.framework import trainable_of
 from chief.contract.job import Job
-from chief.state.model_state import ModelState, trainable_of
+from chief.state.model_state import ModelState
 from chief.step.positions import slot_indices
 from cluster.config import TrainConfig
 from worker.input.sources import Source

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from chief.contract.framework import trainable_of
 from chief.contract.job import Job, job_file
-from chief.state.model_state import build_state, trainable_of
+from chief.state.model_state import build_state
 from chief.step.engine import StepResult, first_nonfinite, inspected_replica, slot_positions, value_names
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig

@@ -50,7 +50,7 @@ def target_of(args: Namespace) -> Target:
             f"pstrain {args.command}: give --run-dir DIR (the run's directory), or --chief HOST:PORT with --token-file"
         )
     if run_dir:
-        record = read_control(run_dir.path)
+        record = read_control(run_dir)
         creds = record_credentials(record, run_dir, args.token_file, args.tls_ca)
         return Target(record.target, creds, run_dir)
     check_control_target("--chief", chief)
@@ -69,7 +69,7 @@ def freshest_step(status: dict, run_dir: RunDir | None, now: float | None = None
     """`status` with its step the newest known: the chief's report, or the run's metrics.jsonl where
     that has a later step; `step_age_s` says how old it is (-1: unknown). Pure but for the file read."""
     now = time.time() if now is None else now
-    found = latest_step(run_dir.path) if run_dir else None
+    found = latest_step(run_dir) if run_dir else None
     if found and found[0] > status.get("step", 0):
         return {**status, "step": found[0], "step_age_s": round(max(0.0, now - found[1]), 3), "step_from": "metrics.jsonl"}
     return status

@@ -145,16 +145,6 @@ def writable(path: Path) -> tuple[str, int]:
     return "", shutil.disk_usage(existing).free
 
 
-def checkpoint_bytes(path: Path) -> int:
-    """The size of the newest checkpoint in the run dir `path` (or in a run dir inside it); 0 if none."""
-    indexes = [*path.glob("checkpoints/ckpt-*.index"), *path.glob("*/checkpoints/ckpt-*.index")]
-    if not indexes:
-        return 0
-    newest = max(indexes, key=lambda p: p.stat().st_mtime)
-    prefix = newest.name.removesuffix(".index")
-    return sum(p.stat().st_size for p in newest.parent.glob(prefix + ".*"))
-
-
 def chief_status(address: str, creds, tries: int = 3) -> tuple[dict, list[float], float | None]:
     """(status, round-trip seconds, this clock minus the chief's) from the Status RPC."""
     from cluster.control.proto import control_pb2 as pb

@@ -12,7 +12,6 @@ import re
 import statistics
 import sys
 from collections import Counter
-from pathlib import Path
 
 from cluster import errors
 from cluster.errors import PstrainError
@@ -31,19 +30,18 @@ def placements(log_text: str) -> dict[int, Counter]:
     return out
 
 
-def examples_per_second(run_dir: Path, skip: int = 3) -> float:
+def examples_per_second(run_dir: RunDir, skip: int = 3) -> float:
     """Global batch / median step time, first `skip` steps (tracing) excluded."""
-    layout = RunDir(run_dir)
-    records = layout.read_metrics()
+    records = run_dir.read_metrics()
     seconds = [r["seconds"] for r in records if "event" not in r and r.get("step", -1) >= skip]  # step lines, not eval lines
-    return layout.train().global_batch_size / statistics.median(seconds)
+    return run_dir.train().global_batch_size / statistics.median(seconds)
 
 
-def report(cluster_run: Path, standalone_run: Path, workers: int) -> tuple[list[str], bool]:
+def report(cluster_run: RunDir, standalone_run: RunDir, workers: int) -> tuple[list[str], bool]:
     """(lines to print, every worker computed on a GPU)."""
     lines, on_gpu = [], True
     for index in range(workers):
-        log = RunDir(cluster_run).log(f"worker-{index}")
+        log = cluster_run.log(f"worker-{index}")
         devices = placements(log.read_text(errors="replace")).get(index, Counter()) if log.exists() else Counter()
         if not devices:
             lines.append(f"worker-{index}: no placement logged in {log} (was PSTRAIN_LOG_DEVICE_PLACEMENT=1 set?)")
@@ -61,9 +59,9 @@ def report(cluster_run: Path, standalone_run: Path, workers: int) -> tuple[list[
     return lines, on_gpu
 
 
-def check(cluster_run: Path, standalone_run: Path) -> None:
+def check(cluster_run: RunDir, standalone_run: RunDir) -> None:
     """Print the report; PstrainError when a worker did not compute on a GPU."""
-    workers = len(RunDir(cluster_run).record()["cluster"]["worker"])
+    workers = len(cluster_run.record()["cluster"]["worker"])
     lines, on_gpu = report(cluster_run, standalone_run, workers)
     print("\n".join(lines), flush=True)
     if not on_gpu:
@@ -72,7 +70,7 @@ def check(cluster_run: Path, standalone_run: Path) -> None:
 
 def main(argv: list[str]) -> int:
     try:
-        check(Path(argv[0]), Path(argv[1]))
+        check(RunDir(argv[0]), RunDir(argv[1]))  # the two runs' layouts, made once here and passed down
     except PstrainError as e:
         return errors.report(e)
     return 0

@@ -13,7 +13,7 @@ from cluster import rulesets
 from cluster.config import ConfigError, load_toml, parse_address, resolve
 from cluster.doctor import checks, facts, gpus, reach
 from cluster.doors import check_control_target, is_unix_target
-from cluster.rundir import RunDir
+from cluster.rundir import RunDir, checkpoint_bytes_within
 from cluster.task_setup import cluster_spec
 from cluster.taskenv import gpu_visibility
 from cluster.tfconfig import tf_config_text
@@ -68,7 +68,7 @@ def config_checks(config_file: str | None, smi: checks.Smi) -> tuple[list[checks
         hosts.setdefault(host, facts.host_state(host, port, local))
     out += checks.hosts(hosts)
     run_dir = config.train.run_dir or "runs"
-    out += checks.run_dir(run_dir, *facts.writable(Path(run_dir)), facts.checkpoint_bytes(Path(run_dir)))
+    out += checks.run_dir(run_dir, *facts.writable(Path(run_dir)), checkpoint_bytes_within(Path(run_dir)))
     interfaces = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs]
     out += checks.exposure(interfaces, {t: facts.resolve_ip(h) for t, (h, _) in parsed.items() if t != "control"})
     return out, probes

@@ -10,7 +10,16 @@ from pathlib import Path
 from cluster.config import DEFAULT_JOB, check_job_module
 from cluster.errors import ConfigError
 from cluster.forecast import report
-from cluster.forecast.model import Observation, Scenario, balanced_placement, fit, predict, propose_ps, pstrain_placement
+from cluster.forecast.model import (
+    Observation,
+    Scenario,
+    balanced_placement,
+    fit,
+    predict,
+    propose_ps,
+    pstrain_placement,
+    refused_split,
+)
 from cluster.forecast.variables import job_variables
 
 DEFAULT_RUNS = "1x1,2x1,1x2,2x2,1x4"
@@ -61,8 +70,9 @@ def run_plan(args: argparse.Namespace) -> int:
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     batch = args.global_batch_size
     try:
-        observations = measure_runs(args, plan["runs"])
         variables = job_variables(args.job, batch // max(plan["workers"]))  # rows touched by the largest count's share
+        refuse_split(args.job, variables, [*plan["ps"], *(ps for _, ps in plan["runs"])])
+        observations = measure_runs(args, plan["runs"])
     except KeyboardInterrupt:
         from cluster.errors import report as report_error
 
@@ -99,6 +109,18 @@ def run_plan(args: argparse.Namespace) -> int:
         )
         print("\n".join(report.placement_lines(placement, best)))
     return 0
+
+
+def refuse_split(job: str, variables: list, ps_counts: list[int]) -> None:
+    """ConfigError (one line, before any measured run) when the launch would refuse the job on one of
+    `ps_counts`: a Keras 3 Lamb, Adafactor or Muon, or a constraint, on a variable split over ps."""
+    refused = refused_split(variables, ps_counts)
+    if refused:
+        ps, why = refused
+        raise ConfigError(
+            f"pstrain plan: --job {job} is refused on {ps} ps or more ({why}); it trains on 1 ps only, "
+            "and the plan needs two ps counts (--measure)"
+        )
 
 
 def measure_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> list[Observation]:

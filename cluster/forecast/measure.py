@@ -68,9 +68,9 @@ def next_count(steps: Callable[[], int], deadline: float) -> int:
         now = again
 
 
-def launch_argv(job: str, workers: int, ps: int, batch: int, steps: int, run_dir: Path) -> list[str]:
+def launch_argv(job: str, workers: int, ps: int, batch: int, steps: int, run_dir: RunDir) -> list[str]:
     argv = [sys.executable, "-m", "cluster.cli", "launch", "--job", job, "--workers", str(workers), "--ps", str(ps)]
-    argv += ["--global-batch-size", str(batch), "--steps", str(steps), "--checkpoint-every", "0", "--run-dir", str(run_dir)]
+    argv += ["--global-batch-size", str(batch), "--steps", str(steps), "--checkpoint-every", "0", "--run-dir", str(run_dir.path)]
     return argv
 
 
@@ -79,7 +79,7 @@ def measure(job: str, workers: int, ps: int, batch: int, steps: int, warmup: int
 
     Raises ConfigError (one line) when the run fails or ends before a window could be measured."""
     with tempfile.TemporaryDirectory(prefix="pstrain-plan-") as tmp:
-        run_dir = Path(tmp) / "run"
+        run_dir = RunDir(Path(tmp) / "run")  # the measured run's layout, made where its directory is
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
         launcher = subprocess.Popen(launch_argv(job, workers, ps, batch, steps, run_dir), stdout=out, stderr=out)
         try:
@@ -90,10 +90,12 @@ def measure(job: str, workers: int, ps: int, batch: int, steps: int, warmup: int
                 out.close()
 
 
-def _window(launcher: subprocess.Popen, run_dir: Path, workers: int, ps: int, batch: int, steps: int, warmup: int) -> Observation:
+def _window(
+    launcher: subprocess.Popen, run_dir: RunDir, workers: int, ps: int, batch: int, steps: int, warmup: int
+) -> Observation:
     """Snapshot every role's CPU each time the step count moves; the window runs from the first
     snapshot at or past `warmup` to the last one."""
-    metrics = RunDir(run_dir).metrics
+    metrics = run_dir.metrics
 
     def applied() -> int:
         try:

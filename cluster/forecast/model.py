@@ -28,14 +28,15 @@ MIN_SHARD_BYTES = 256 << 10  # as chief/state/sharding.py: variables at least th
 @dataclass(frozen=True)
 class Variable:
     """A trainable variable: its full size, and the bytes one worker pulls and pushes per step
-    (all of it when dense; the touched rows when its gradient is row-sparse, though a Keras 3 table is
-    pulled whole: chief/variable_bytes.py). Keras 3 and tf_keras variables split over the ps alike."""
+    (all of it when dense; the touched rows when its gradient is row-sparse, a Keras 3 table's too:
+    chief/variable_bytes.py). Keras 3 and tf_keras variables split over the ps alike."""
 
     name: str
     bytes: int
     rows: int
     pull_bytes: float
     push_bytes: float
+    split_refused: str = ""  # why the launch refuses it split over ps (a Keras 3 Lamb's table); "" where it trains split
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,16 @@ def shards(variable: Variable, num_ps: int) -> int:
     if num_ps < 2:
         return 1
     return max(1, min(num_ps, variable.rows, variable.bytes // MIN_SHARD_BYTES))
+
+
+def refused_split(variables: Sequence[Variable], ps_counts: Sequence[int]) -> tuple[int, str] | None:
+    """(the fewest ps among `ps_counts` on which the launch refuses the job, why) where a variable it
+    would split there cannot train split (`Variable.split_refused`); None where every count trains."""
+    for ps in sorted(set(ps_counts)):
+        for v in variables:
+            if v.split_refused and shards(v, ps) > 1:
+                return ps, v.split_refused
+    return None
 
 
 def pstrain_placement(variables: Sequence[Variable], num_ps: int) -> list[Piece]:

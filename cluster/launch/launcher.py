@@ -101,18 +101,24 @@ def control_record(
     return rundir.ControlRecord(client_target(cluster.control), engine, token, ca, socket.gethostname(), os.getpid())
 
 
-def launch(config: Config, local_tasks: set[tuple[str, int]] | None = None, control_bind: str = "", where: str = "launch") -> int:
-    """Run the chief's side of a cluster; returns the exit code (the chief's, or 128+N after signal N).
+def launch(
+    config: Config,
+    layout: rundir.RunDir,
+    local_tasks: set[tuple[str, int]] | None = None,
+    control_bind: str = "",
+    where: str = "launch",
+) -> int:
+    """Run the chief's side of a cluster in `layout` (the RunDir of `config.train.run_dir`, made by the
+    entry point); returns the exit code (the chief's, or 128+N after signal N).
 
     `local_tasks`: the (type, index) of the ps/workers to start here (default: those whose host is
     one of this machine's addresses); `control_bind`: where the control plane listens (default
     `cluster.control`), e.g. "0.0.0.0:PORT" where the chief's name does not resolve to itself;
     `where`: who launches ("launch", "slurm", "pod"): how the TF ports are closed (cluster/launch/closing.py).
     """
-    train, local = config.train, local_addresses()
+    local = local_addresses()
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
-    layout = rundir.RunDir(train.run_dir)  # the run's one layout, passed down from here
     check_writable(layout)  # before any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(layout, "pstrain launch") as lock:  # before anything is written there
@@ -138,9 +144,9 @@ def launch_locked(
 ) -> int:
     """`launch` once the run dir is locked, under the caller's `stop` trap; `supervisor` starts the
     tasks (default: processes here; the Ray engine's starts them in Ray actors on the nodes Ray chose)."""
-    train, run_dir = config.train, lock.run_dir
+    train, run_dir, layout = config.train, lock.run_dir, lock.layout
     with writing(run_dir):
-        rundir.prepare(run_dir, rundir.describe("cluster", train, cluster), train)
+        rundir.prepare(layout, rundir.describe("cluster", train, cluster), train)
         hint = token_hint(cluster, lock.layout, creds)
         lock.layout.stop_cause.unlink(missing_ok=True)  # a killed launch's
     supervisor = supervisor or Supervisor(lock.layout.logs)
@@ -157,7 +163,7 @@ def launch_locked(
         server = serve_control_plane(cluster, registry, creds, stop, control_bind)
         record = control_record(cluster, lock.layout, hint, creds, engine or cluster.engine)
         with writing(run_dir):
-            rundir.write_control(run_dir, record)  # `pstrain status|stop|doctor --run-dir` read it
+            rundir.write_control(layout, record)  # `pstrain status|stop|doctor --run-dir` read it
             lock.set_control(str(run_dir.absolute()))  # the refusal's `pstrain stop --run-dir`, from anywhere
         say(f"control plane at {cluster.control}; watch it with: pstrain status --run-dir {run_dir}")
         env = control_env(replace(config, cluster=cluster), creds)
@@ -172,11 +178,11 @@ def launch_locked(
         try:
             failure = wait_registered(registry, servers, train.startup_timeout, stop, chief)
             if stop.requested:
-                return say_stopped(stop, latest_checkpoint_step(run_dir), "start-up")
+                return say_stopped(stop, latest_checkpoint_step(layout), "start-up")
             if failure:
                 raise PstrainError(failure)
             ready.touch()
-            return ClusterWatch(supervisor, registry, cluster, train.startup_timeout, stop, run_dir).run(chief)
+            return ClusterWatch(supervisor, registry, cluster, train.startup_timeout, stop, layout).run(chief)
         finally:
             ready.unlink(missing_ok=True)
     finally:
@@ -186,7 +192,7 @@ def launch_locked(
             linger_for_remote_nodes(registry, cluster, local)
             server.stop(grace=1)
         if record is not None:
-            rundir.remove_control(run_dir, record)
+            rundir.remove_control(layout, record)
         with contextlib.suppress(OSError):
             lock.layout.stop_cause.unlink(missing_ok=True)
 

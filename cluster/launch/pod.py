@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from cluster.config import Config, ConfigError, load_toml
+from cluster.config import Config, ConfigError
 from cluster.launch.launcher import launch, shared_control_env
+from cluster.rundir import RunDir
 from cluster.task_setup import COMMON_ENV
 from cluster.taskenv import DEFAULT_CONTROL_PORT, env_control
 from cluster.tfconfig import TF_CONFIG_ENV, config_for_tf_config, control_address, parse_tf_config, task_tf_config, tf_config_text
@@ -33,18 +33,17 @@ def pod_env(
     return config, task_type, env
 
 
-def run_task(config_path: str, control_port: int = DEFAULT_CONTROL_PORT) -> int:
-    """Serve the role TF_CONFIG names; returns the exit code (the chief's, for the chief)."""
-    raw = load_toml(config_path) if config_path else {}
-    config, task_type, env = pod_env(raw, os.environ, control_port)
+def run_task(config: Config, task_type: str, env: dict[str, str], layout: RunDir, config_path: str = "") -> int:
+    """Serve the role TF_CONFIG names (`pod_env`'s answer); the chief launches in `layout`, the RunDir of
+    `config.train.run_dir` on its volume. Returns the exit code (the chief's, for the chief)."""
     for name, value in COMMON_ENV.items():
         os.environ.setdefault(name, value)
     if task_type == "chief":
         if not config.train.run_dir:
             raise ConfigError(f"train.run_dir: {config_path or 'the config'} sets none; give the chief a run dir on its volume")
-        Path(config.train.run_dir).mkdir(parents=True, exist_ok=True)
+        layout.path.mkdir(parents=True, exist_ok=True)
         control = config.cluster.control
-        return launch(config, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}", where="pod")
+        return launch(config, layout, local_tasks=set(), control_bind=f"0.0.0.0:{control.rpartition(':')[2]}", where="pod")
     from worker.server import serve
 
     os.environ.update(env)

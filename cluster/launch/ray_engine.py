@@ -182,12 +182,13 @@ def place(ray: Any, hosts: dict, run_dir: rundir.RunDir, timeout: float, stop: S
     return placed
 
 
-def launch_ray(config: Config) -> int:
-    """Run the cluster of `config` on Ray; returns the exit code, as `launch` does."""
+def launch_ray(config: Config, layout: rundir.RunDir) -> int:
+    """Run the cluster of `config` on Ray in `layout` (the RunDir of `config.train.run_dir`, made by the
+    entry point); returns the exit code, as `launch` does."""
     cluster = config.cluster
     check_counts_only(cluster)
-    config = with_train(config, run_dir=str(Path(config.train.run_dir).resolve()))  # the same path on every node
-    layout = rundir.RunDir(config.train.run_dir)  # the run's one layout, passed down from here
+    layout = layout.resolved()  # the same path on every node
+    config = with_train(config, run_dir=str(layout.path))
     check_writable(layout)  # before Ray places anything, as `launch` checks
     ray = import_ray(cluster.ray_address)
     tasks = tasks_of(cluster)
@@ -208,7 +209,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
     wanted = reservation(cluster, worker_gpus=gpus)
     group = reserve(ray, wanted, train.startup_timeout, stop)
     if group is None:
-        return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
+        return say_stopped(stop, latest_checkpoint_step(lock.layout), "start-up")
     logs = lock.layout.logs
     logs.mkdir(parents=True, exist_ok=True)
     creds = credentials(cluster, generate=True)
@@ -220,7 +221,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
             try:
                 placed = place(ray, hosts, lock.layout, train.startup_timeout, stop)
                 if placed is None:
-                    return say_stopped(stop, latest_checkpoint_step(lock.run_dir), "start-up")
+                    return say_stopped(stop, latest_checkpoint_step(lock.layout), "start-up")
                 here = ray.util.get_node_ip_address()
                 control = format_address(here, free_port(here))
                 ran = placed_cluster(cluster, placed, control)
@@ -234,7 +235,7 @@ def run_placements(ray: Any, config: Config, lock: RunDirLock, stop: StopTrap) -
             except NodeLost as lost:
                 if placement == cluster.max_restarts or stop.requested:
                     raise PstrainError(f"{lost}; gave up after {placement + 1} placements") from None
-                step = latest_checkpoint_step(lock.run_dir)
+                step = latest_checkpoint_step(lock.layout)
                 point = f"checkpoint step {step}" if step is not None else "step 0 (no checkpoint yet)"
                 wait = f"waiting up to {train.startup_timeout:g}s for room for {len(wanted.bundles)} bundles, {wanted.strategy}"
                 line = f"lost {lost.task} at {lost.address} (its Ray node); resuming from {point} once Ray places it again"

@@ -6,12 +6,10 @@ its ps/workers as `pstrain node` does, and they register with the first node's c
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
-from cluster.config import Config, ConfigError, load_toml, parse_address, resolve
+from cluster.config import Config, ConfigError, parse_address, resolve
 from cluster.launch.launcher import launch, shared_control_env
 from cluster.rundir import RunDir
 from cluster.slurm import PORT_BASE, slurm_node
@@ -27,14 +25,13 @@ def slurm_config(raw: dict, env: Mapping[str, str], port_base: int = PORT_BASE) 
     return replace(config, cluster=node.cluster), node.local_tasks, node.runs_chief
 
 
-def run_slurm_node(config_path: str, port_base: int = PORT_BASE) -> int:
-    config, local_tasks, runs_chief = slurm_config(load_toml(config_path), os.environ, port_base)
+def run_slurm_node(config: Config, layout: RunDir, local_tasks: frozenset, runs_chief: bool) -> int:
+    """Run this node's share (`slurm_config`'s answer) in `layout`, the job's shared run dir."""
     env = shared_control_env(config)  # every node needs the job's token (none is generated) and TLS CA
     if runs_chief:
         port = parse_address("cluster.control", config.cluster.control)[1]
-        return launch(config, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}", where="slurm")
+        return launch(config, layout, local_tasks=set(local_tasks), control_bind=f"0.0.0.0:{port}", where="slurm")
     from cluster.launch.node import run_node
 
-    log_dir = RunDir(Path(config.train.run_dir)).logs
     tasks = sorted(local_tasks, key=lambda t: (t[0] != "ps", t[1]))
-    return run_node(config.cluster, tasks, env, log_dir, where="slurm")
+    return run_node(config.cluster, tasks, env, layout.logs, where="slurm")

@@ -16,7 +16,6 @@ import contextlib
 import signal
 import sys
 import time
-from pathlib import Path
 
 from cluster.config import ClusterConfig
 from cluster.control.registry import Registry
@@ -35,7 +34,7 @@ from cluster.policy import (
     restart_decision,
     silent_task_decision,
 )
-from cluster.rundir import checkpoint_progress, latest_checkpoint_step, write_stop_cause
+from cluster.rundir import RunDir, checkpoint_progress, latest_checkpoint_step, write_stop_cause
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 
@@ -83,11 +82,11 @@ class ClusterWatch:
         cluster: ClusterConfig,
         startup_timeout: float,
         stop: StopTrap,
-        run_dir: Path | None = None,
+        run_dir: RunDir,
     ):
         self.supervisor, self.registry, self.cluster = supervisor, registry, cluster
         self.startup_timeout, self.stop = startup_timeout, stop
-        self.run_dir = run_dir or supervisor.log_dir.parent
+        self.run_dir = run_dir  # the run's layout: its checkpoints, its stop cause
         self.failure = ""  # why the run must end (a task lost for good); the chief is asked to checkpoint
         self.disk_full = False  # the failure is a task log that could not be written (full disk, no permission)
         self.killed: set[TaskId] = set()  # hung local tasks killed, not yet restarted

@@ -1,6 +1,7 @@
 """pstrain against its peers, interleaved and repeated in one invocation on this machine.
 
     python -m tests.benchmarks.bench [--sizes 1m,10m,50m] [--repeats 3] [--steps 20] [--scaling] [--data] [--link 1gbit]
+        [--seed 0] [--sweep 4,16,64] [--warmup-rounds 1]
 
 Peers, same model and global batch, each at its best (tests/benchmarks/fair.py) and each printing
 how it ran: pstrain sync (2 workers, 1 ps; its default steps per dispatch, and one step per dispatch),
@@ -8,8 +9,9 @@ TF2 ParameterServerStrategy asynchronous tuned (K steps per closure, one join) a
 closure, the TF1 SyncReplicasOptimizer recipe (2 workers), MultiWorkerMirroredStrategy (2 workers)
 and one process; every step on a fresh batch. One timing definition for all (tests/benchmarks/
 window.py): start-up is launch to the first applied global step; the step time is the wall time per
-applied global step from the run's half to its end (pstrain's gaps between blocks included). Across
-rounds, medians; the peer order rotates round by round. Reports each peer's examples/s relative to
+applied global step from the run's half to its end (pstrain's gaps between blocks included). Rounds
+(tests/benchmarks/rounds.py): a discarded warm-up round, the sweep of the tuned peers' K, then
+--repeats rounds, each in a seeded shuffled order; medians with ranges. Reports each peer's examples/s relative to
 pstrain's, where pstrain's chief spent its start-up, and the transfer limit: the time TF's gRPC needs
 to move a pstrain step's bytes on this machine. --device gpu: worker i on GPU i mod the GPUs here.
 --link 1gbit | 10gbit: every task on a host of its own, ports shaped (tests/benchmarks/links.py); the
@@ -23,6 +25,7 @@ arrays, (b) --data-gb of arrays from train_data(), (c) the same as .npy files th
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -39,8 +42,10 @@ from pathlib import Path
 import psutil
 
 from tests.benchmarks import links
+from tests.benchmarks.drawn import check_fits
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
 from tests.benchmarks.network import OPEN, add_network_flag, apply_network_flag, network_text, private_network
+from tests.benchmarks.rounds import PeerFailed, add_round_args, record, run_rounds, sweep_line, sweep_values
 from tests.benchmarks.window import block_ends, measure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,10 +94,6 @@ def visible(task_type: str, index: int, device: str) -> str:
     from cluster.launch.gpu_count import gpu_count
 
     return str(index % max(gpu_count(), 1))
-
-
-class PeerFailed(RuntimeError):
-    """A peer's processes ended without a result; the message is their last error lines."""
 
 
 def last_error(text: str) -> str:
@@ -148,16 +149,21 @@ def stop_all(processes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
             p.wait()
 
 
-def launch_peer(module: str, peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu") -> dict:
-    """One run of a peer role of `module` (tests.benchmarks.peers or .embeddings) as its processes:
-    the result of its reporter (every worker's for mwms, in "reports"), measured by window.measure."""
+def launch_peer(
+    module: str, peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu", k: int | None = None
+) -> dict:
+    """One run of a peer role of `module` (tests.benchmarks.peers, .embeddings, .recsys) as its processes,
+    `k` its steps per closure or call (None: fair.PER_DISPATCH): the result of its reporter (every
+    worker's for mwms, in "reports"), measured by window.measure."""
     with links.run_network(2 + workers) as net:  # --link: a shaped host per task, made before the launch
-        return launch_on(net, module, peer, size, batch, steps, workers, device)
+        return launch_on(net, module, peer, size, batch, steps, workers, device, k)
 
 
-def launch_on(net, module: str, peer: str, size: str, batch: int, steps: int, workers: int, device: str) -> dict:
+def launch_on(
+    net, module: str, peer: str, size: str, batch: int, steps: int, workers: int, device: str, k: int | None = None
+) -> dict:
     """launch_peer's run on `net` (links.run_network): its tasks at net's addresses, on net's hosts."""
-    me = [PY, "-m", module, peer, size, str(batch), str(steps)]
+    me = [PY, "-m", module, peer, size, str(batch), str(steps), *([str(k)] if k else [])]
     t_launch = time.time()
     if peer in ("async", "async-1step", "transfer", "transfer-looped"):
         addresses = net.addresses(2 + workers)
@@ -223,7 +229,7 @@ def peer_pstrain(
         **window,
         "t_launch": t_launch,
         "samples": samples,
-        "setup": f"{per_execution} steps per dispatch (a block), the job's arrays shuffled and batched on the workers; "
+        "setup": f"{per_execution} steps per dispatch (a block), {job_data(job or JOBS[size])}; "
         + network_text(described["private_network"]),
         "private_network": described["private_network"],  # as the run recorded it (cluster.json)
         "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
@@ -235,6 +241,12 @@ def peer_pstrain(
         result["read_ahead"] = sum(r["read_ahead"] for r in counted) / (sum(r["aggregated"] for r in measured) or 1)
     shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def job_data(job: str) -> str:
+    """Where a benchmark job's examples come from: its class's `bench_data`."""
+    module, _, name = job.partition(":")
+    return getattr(importlib.import_module(module), name).bench_data
 
 
 def startup_phases(chief_log: str) -> dict[str, float]:
@@ -252,36 +264,10 @@ def startup_line(runs: list[dict]) -> str:
     )
 
 
-def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu") -> dict:
+def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu", k: int | None = None) -> dict:
     if peer.startswith("pstrain"):
         return peer_pstrain(size, batch, steps, extra={"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer), device=device)
-    return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device)
-
-
-def run_rounds(run_one, peers: list[str], size: str, repeats: int) -> tuple[dict[str, list[dict]], dict[str, str]]:
-    """`run_one(peer)` for every peer once per round, the order rotating round by round. A peer that
-    fails (PeerFailed) is printed, kept in the second dict with why, and not run again."""
-    runs: dict[str, list[dict]] = {p: [] for p in peers}
-    failed: dict[str, str] = {}
-    for repeat in range(repeats):
-        for peer in rotated(peers, repeat):
-            if peer in failed:
-                continue
-            try:
-                r = run_one(peer)
-            except PeerFailed as e:
-                failed[peer] = str(e)
-                print(f"  {size} round {repeat + 1} {peer}: failed: {e}", flush=True)
-                continue
-            runs[peer].append(r)
-            print(f"  {size} round {repeat + 1} {peer}: {r['step_s'] * 1000:.1f} ms/step", flush=True)
-    return runs, failed
-
-
-def rotated(items: list[str], round_: int) -> list[str]:
-    """Round r runs the peers starting at the r-th: no peer always runs first (or last)."""
-    shift = round_ % len(items) if items else 0
-    return items[shift:] + items[:shift]
+    return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device, k=k)
 
 
 def setup_lines(runs: dict[str, list[dict]]) -> str:
@@ -305,7 +291,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1m,10m,50m", help="comma-separated; empty for --scaling alone")
     parser.add_argument("--peers", default=",".join(PEERS))
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--global-batch-size", type=int, default=256)
     parser.add_argument("--scaling", action="store_true", help="also pstrain with 1, 2, 4, 8 workers and 1, 2 ps (10m)")
@@ -317,7 +302,10 @@ def main() -> int:
     parser.add_argument("--out", default="", help="write all results as JSON here")
     add_network_flag(parser)
     links.add_flags(parser)
+    add_round_args(parser)
     args = parser.parse_args()
+    if why := check_fits(args.steps, args.global_batch_size):
+        parser.error(why)
     if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
         print(why, file=sys.stderr)
         return 2
@@ -328,12 +316,19 @@ def main() -> int:
     head = f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {network_text(in_namespace)}"
     print(f"{head}; {METHOD}", flush=True)
     for size in sizes:
-        runs, failed = run_rounds(
-            lambda peer, size=size: run_peer(peer, size, batch, args.steps, args.device), [*peers, *PROBES], size, args.repeats
+        rounds = run_rounds(
+            lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, args.device, k),
+            [*peers, *PROBES],
+            size,
+            args.repeats,
+            args.seed,
+            sweep_values(args.sweep),
+            args.warmup_rounds,
         )
-        results["runs"][size], results.setdefault("failed", {})[size] = runs, failed
-        print(table(size, runs, batch, failed), flush=True)
-        print(setup_lines(runs), flush=True)
+        record(results, size, rounds)
+        print(table(size, rounds["runs"], batch, rounds["failed"]), flush=True)
+        print(sweep_line(rounds), flush=True)
+        print(setup_lines(rounds["runs"]), flush=True)
     links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps)

@@ -1,16 +1,18 @@
 """Embedding tables: pstrain against its peers at two table sizes, same batch, same touched rows.
 
-    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 2] [--steps 50] [--scaling] [--link 1gbit]
+    python -m tests.benchmarks.embeddings [--sizes 1k,1m,10m] [--repeats 3] [--steps 400] [--scaling] [--sweep 4,16,64]
+        [--link 1gbit]
 
 The model: Embedding(ROWS, 64) over 12 tokens per example, mean-pooled, then Dense(64) and 10
-logits; plain SGD. Token ids are drawn from the first million rows whatever the table size, so a
-1 M and a 10 M table see the same rows touched per step (at most 128 x 12 = 1,536): what differs is
-only the table. At 1k (1,000 rows: the chief's memory baseline) the ids are taken modulo 1,000 and
-pstrain runs alone. Each size's lines give the chief's peak resident memory beside the table's size,
-and a last line compares them over the sizes (issue 31: 10 M within 300 MiB of 1k). Peers,
-interleaved round by round in a rotating order, each at its best and each on a fresh batch every step
-(tests/benchmarks/bench.py's method): pstrain sync (2 workers, 1 ps; its default steps per dispatch,
-and one), TF2 ParameterServerStrategy asynchronous tuned and one step per closure, the TF1
+logits; plain SGD. Token ids are drawn uniformly over the whole table by every peer, a fresh batch
+every step, made where it is computed on (pstrain: tests/benchmarks/drawn.py, none repeated); a 1 M
+and a 10 M table see as many rows touched per step (at most 128 x 12 = 1,536): what differs is only
+the table. At 1k (1,000 rows: the chief's memory baseline) pstrain runs alone. Each size's lines
+give the chief's peak resident memory beside the table's size, and a last line compares them over
+the sizes (issue 31: 10 M within 300 MiB of 1k). Peers (a warm-up round, a sweep of the tuned peers'
+K, then rounds in seeded shuffled orders: tests/benchmarks/rounds.py), each at its best and each on
+a fresh batch every step: pstrain sync (2 workers, 1 ps; its default steps per dispatch, and one),
+TF2 ParameterServerStrategy asynchronous tuned and one step per closure, the TF1
 SyncReplicasOptimizer recipe (whose sparse accumulators keep embedding gradients sparse),
 MultiWorkerMirroredStrategy, one process; and the transfer limit: closures that read the
 touched rows from the ps and write as many back, no compute.
@@ -19,7 +21,7 @@ touched rows from the ps and write as many back, no compute.
 --keras3: also the same job written with Keras 3 (`import keras`: the same layers, loss and SGD) as the
 peer pstrain-keras3, beside the tf_keras job at every size (1k too).
 
-Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS
+Roles, as processes (run by this module's main): python -m tests.benchmarks.embeddings ROLE SIZE BATCH STEPS [K]
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import json
 import os
 import statistics
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -37,18 +38,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from tests.benchmarks import links  # noqa: E402
+from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
+from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
 
 ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
-PSTRAIN_ONLY = {"1k"}  # sizes below the ids' range: pstrain alone (its ids modulo the rows), for the chief's memory
-DIM, TOKENS, HIDDEN, CLASSES, EXAMPLES, ID_RANGE = 64, 12, 64, 10, 8192, 1_000_000
+PSTRAIN_ONLY = {"1k"}  # pstrain alone, for the chief's memory baseline
+DIM, TOKENS, HIDDEN, CLASSES = 64, 12, 64, 10
 PEERS = ("pstrain", "pstrain-k1", "async", "async-1step", "tf1", "mwms", "single")
 KERAS3 = "pstrain-keras3"  # the Keras 3 twin of pstrain's job (--keras3)
-
-
-@lru_cache(maxsize=1)
-def data() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return rng.integers(0, ID_RANGE, (EXAMPLES, TOKENS)).astype(np.int32), rng.integers(0, CLASSES, EXAMPLES).astype(np.int32)
 
 
 def build_model(size: str):
@@ -93,13 +90,20 @@ def optimizer():
     return tf_keras.optimizers.legacy.SGD(learning_rate=0.05)
 
 
-def fresh_batch(seed, n: int):
-    """n examples from a [2] seed, made where it runs (tests/benchmarks/fair.py's peers)."""
+def fresh_batch(seed, n: int, size: str):
+    """n examples from a [2] seed, made where it runs (tests/benchmarks/fair.py's peers): ids uniform
+    over the whole table, labels uniform."""
     import tensorflow as tf
 
     sx, sy = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    ids = tf.random.stateless_uniform([n, TOKENS], sx, 0, ID_RANGE, tf.int32)
+    ids = tf.random.stateless_uniform([n, TOKENS], sx, 0, ROWS[size], tf.int32)
     return ids, tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
+
+
+def example(seed, size: str):
+    """One example drawn as fresh_batch draws each of its n (pstrain's, tests/benchmarks/drawn.py)."""
+    ids, labels = fresh_batch(seed, 1, size)
+    return ids[0], labels[0]
 
 
 class _Job:
@@ -111,10 +115,11 @@ class _Job:
     def model_fn(cls):
         return build_model(cls.size)
 
+    bench_data = DRAWN
+
     @classmethod
-    def train_data(cls) -> tuple[np.ndarray, np.ndarray]:
-        ids, labels = data()
-        return (ids % ROWS[cls.size] if ROWS[cls.size] < ID_RANGE else ids), labels
+    def train_dataset(cls):
+        return drawn(lambda seed: example(seed, cls.size))
 
 
 class Emb1K(_Job):
@@ -162,11 +167,10 @@ def dense_parameters() -> int:
     return DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
 
 
-def touched_rows(batch: int, workers: int) -> int:
-    """Distinct rows one slot's batch touches, averaged over the data's first batches."""
-    ids, _ = data()
-    per = batch // workers
-    return int(np.mean([len(np.unique(ids[i : i + per])) for i in range(0, 20 * per, per)]))
+def touched_rows(batch: int, workers: int, rows: int, tokens: int = TOKENS) -> int:
+    """Distinct rows one slot's batch of ids uniform over `rows` touches, averaged over 20 draws."""
+    rng, per = np.random.default_rng(0), batch // workers
+    return int(np.mean([len(np.unique(rng.integers(0, rows, per * tokens))) for _ in range(20)]))
 
 
 # ---- peer roles (each runs in its own process) ----
@@ -181,7 +185,7 @@ def role_transfer(size: str, batch: int, steps: int, k: int = 1) -> None:
     from tests.benchmarks.peers import _coordinator
 
     strategy, coordinator, workers = _coordinator()
-    rows = touched_rows(batch, workers)
+    rows = touched_rows(batch, workers, ROWS[size])
     with strategy.scope():
         model = build_model(size)
         table, dense = model.trainable_variables[0], model.trainable_variables[1:]
@@ -192,7 +196,7 @@ def role_transfer(size: str, batch: int, steps: int, k: int = 1) -> None:
             ]
             for _ in range(workers)
         ]
-    positions = tf.constant(np.arange(rows) * (ID_RANGE // rows), tf.int64)
+    positions = tf.constant(np.arange(rows) * (ROWS[size] // rows), tf.int64)
 
     def body(i):
         def move():
@@ -221,7 +225,7 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     workers = spec.num_tasks("worker")
     per = batch // workers
     with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
-        x = tf.random.uniform([per, TOKENS], 0, ID_RANGE, tf.int32)  # made on the worker, a fresh batch every run
+        x = tf.random.uniform([per, TOKENS], 0, ROWS[size], tf.int32)  # made on the worker, a fresh batch every run
         y = tf.random.uniform([per], 0, CLASSES, tf.int32)
         table = v1.get_variable("table", [ROWS[size], DIM], initializer=v1.random_uniform_initializer(-0.05, 0.05))
         w1 = v1.get_variable("w1", [DIM, HIDDEN])
@@ -248,7 +252,7 @@ ROLES = {
 # ---- orchestration (this process) ----
 
 
-def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu") -> dict:
+def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu", k: int | None = None) -> dict:
     from tests.benchmarks.bench import K1, launch_peer, peer_pstrain
     from tests.benchmarks.network import OPEN
 
@@ -256,7 +260,7 @@ def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, dev
         extra = {"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer)
         job = (JOBS_KERAS3 if peer == KERAS3 else JOBS)[size]
         return peer_pstrain(size, batch, steps, workers=workers, job=job, extra=extra, device=device)
-    return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device)
+    return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device, k)
 
 
 def table(size: str, runs: dict[str, list[dict]], batch: int, failed: dict[str, str] | None = None) -> str:
@@ -374,7 +378,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1k,1m,10m", help=f"of {', '.join(ROWS)}")
     parser.add_argument("--peers", default=",".join(PEERS))
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--scaling", action="store_true", help="also pstrain and TF1 at several worker counts (1m)")
     parser.add_argument("--scaling-workers", default="1,2,4,8", help="the worker counts of --scaling")
@@ -385,9 +388,12 @@ def main() -> int:
     parser.add_argument("--out", default="")
     add_network_flag(parser)
     links.add_flags(parser)
+    add_round_args(parser)
     args = parser.parse_args()
+    if why := check_fits(args.steps, args.global_batch_size):
+        parser.error(why)
     private_network = apply_network_flag(args)
-    from tests.benchmarks.bench import METHOD, PROBES, machine, run_rounds, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
 
     if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
         print(why, file=sys.stderr)
@@ -395,21 +401,17 @@ def main() -> int:
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     twin = [KERAS3] if args.keras3 else []
-    results: dict = {
-        "machine": machine(),
-        "global_batch": batch,
-        "steps": args.steps,
-        "private_network": private_network,
-        "runs": {},
-    }
+    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
+    results["runs"] = {}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
         here = ["pstrain", *twin] if size in PSTRAIN_ONLY else [*peers, *twin, *PROBES]
-        runs, failed = run_rounds(
-            lambda peer, size=size: run_peer(peer, size, batch, args.steps, device=args.device), here, size, args.repeats
+        rounds = run_size(
+            results, size, here, lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, device=args.device, k=k), args
         )
-        results["runs"][size], results.setdefault("failed", {})[size] = runs, failed
-        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, failed), flush=True)
+        runs = rounds["runs"]
+        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, rounds["failed"]), flush=True)
+        print(sweep_line(rounds), flush=True)
         print(setup_lines(runs), flush=True)
     if sizes and ("pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes)):
         print(chief_memory_line(results["runs"]), flush=True)
@@ -432,14 +434,14 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] in ROLES:
-        ROLES[sys.argv[1]](sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
-        sys.stdout.flush()
-        os._exit(0)  # coordinator threads would otherwise hold the exit
-    if len(sys.argv) == 5 and not sys.argv[1].startswith("-"):
-        from tests.benchmarks.fair import run_role
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):  # a role process: ROLE SIZE BATCH STEPS [K]
+        from tests.benchmarks.fair import role_argv, run_role
 
-        run_role("tests.benchmarks.embeddings", sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        role, size, batch, steps, k = role_argv(sys.argv[1:])
+        if role in ROLES:
+            ROLES[role](size, batch, steps)
+        else:
+            run_role("tests.benchmarks.embeddings", role, size, batch, steps, k)
         sys.stdout.flush()
         os._exit(0)  # coordinator threads would otherwise hold the exit
     raise SystemExit(main())

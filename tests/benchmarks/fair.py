@@ -3,7 +3,7 @@
 Each role runs in its own process and prints one JSON line: {"samples": [[applied global steps,
 wall time], ...], "setup": how it ran, ...}; tests/benchmarks/window.py turns samples into start-up
 and step time, the same way for every peer. A workload module gives build_model(size), loss(y, logits),
-optimizer() and fresh_batch(seed, n): a batch of n examples made by tf.random.stateless_* ops from a
+optimizer() and fresh_batch(seed, n, size): a batch of n examples made by tf.random.stateless_* ops from a
 [2] seed, so every step of every peer reads a fresh batch made where it computes.
 
 - async: TF2 ParameterServerStrategy as Keras's steps_per_execution runs it: a tf.function loops
@@ -24,7 +24,7 @@ import time
 
 import tensorflow as tf
 
-PER_DISPATCH = 16  # steps per closure or call: the async peer's best (dense 1 M: K=1 23.8 ms, 16 15.8, 64 16.9)
+PER_DISPATCH = 16  # steps per closure or call when no sweep chose one (dense 1 M: K=1 23.8 ms, 16 15.8, 64 16.9)
 DATA = "data made on the workers (tf.random.stateless_*, a fresh batch every step)"
 
 
@@ -38,12 +38,12 @@ def chunks(steps: int, k: int) -> list[int]:
     return [1] + [k] * (rest // k) + ([rest % k] if rest % k else [])
 
 
-def looped(workload, model, opt, strategy, per: int, replicas: int = 1):
+def looped(workload, size: str, model, opt, strategy, per: int, replicas: int = 1):
     """tf.function(seed_base [2] int64, k): k steps of `replica`, each on a fresh batch; returns the
     optimizer's iterations after them. `replicas` divides the loss where gradients are summed (MWMS)."""
 
     def replica(seed):
-        x, y = workload.fresh_batch(seed, per)
+        x, y = workload.fresh_batch(seed, per, size)
         with tf.GradientTape() as tape:
             value = workload.loss(y, model(x, training=True)) / replicas
         grads = tape.gradient(value, model.trainable_variables)
@@ -72,7 +72,7 @@ def role_async(workload, size: str, batch: int, steps: int, k: int) -> None:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     workers = resolver.cluster_spec().num_tasks("worker")
     model, opt = built(workload, size, strategy)
-    run = looped(workload, model, opt, strategy, batch // workers)
+    run = looped(workload, size, model, opt, strategy, batch // workers)
     seed = lambda c: tf.constant([c, 0], tf.int64)  # noqa: E731  closure c's batches: [c, 0..k-1]
     samples, closures = [], 0
     if k == 1:  # one step per closure, a join per global step
@@ -121,28 +121,28 @@ def role_mwms(workload, size: str, batch: int, steps: int, k: int) -> None:
     model, opt = built(workload, size, strategy)
     initial = sums(model.trainable_variables)
     replicas = strategy.num_replicas_in_sync
-    run = looped(workload, model, opt, strategy, batch // replicas, replicas)
+    run = looped(workload, size, model, opt, strategy, batch // replicas, replicas)
     samples, done = [], 0
     for n in chunks(steps, k):  # each worker's data: seeds [index, step]
         iterations = run(tf.constant([index, done], tf.int64), tf.constant(n, tf.int64))
         samples.append([int(iterations.numpy()), time.time()])
         done += n
-    first_x, _ = workload.fresh_batch(tf.constant([index, 0], tf.int64), batch // replicas)
+    first_x, _ = workload.fresh_batch(tf.constant([index, 0], tf.int64), batch // replicas, size)
     setup = f"{k} steps per tf.function call (tf.range around strategy.run), all-reduce of the gradients, {DATA}"
     final = sums(model.trainable_variables)
-    emit(samples, setup, index=index, initial_sums=initial, sums=final, data_digest=digest([first_x]))
+    emit(samples, setup, per_call=k, index=index, initial_sums=initial, sums=final, data_digest=digest(tf.nest.flatten(first_x)))
 
 
 def role_single(workload, size: str, batch: int, steps: int, k: int) -> None:
     strategy = tf.distribute.get_strategy()
     model, opt = workload.build_model(size), workload.optimizer()
-    run = looped(workload, model, opt, strategy, batch)
+    run = looped(workload, size, model, opt, strategy, batch)
     samples, done = [], 0
     for n in chunks(steps, k):
         iterations = run(tf.constant([0, done], tf.int64), tf.constant(n, tf.int64))
         samples.append([int(iterations.numpy()), time.time()])
         done += n
-    emit(samples, f"one process, {k} steps per tf.function call, data made in the process")
+    emit(samples, f"one process, {k} steps per tf.function call, data made in the process", per_call=k)
 
 
 def drive_moves(coordinator, bodies: list, steps: int, k: int) -> tuple[list, str]:
@@ -179,12 +179,19 @@ def drive_moves(coordinator, bodies: list, steps: int, k: int) -> tuple[list, st
 
 
 ROLES = {
-    "async": lambda w, s, b, n: role_async(w, s, b, n, PER_DISPATCH),
-    "async-1step": lambda w, s, b, n: role_async(w, s, b, n, 1),
-    "mwms": lambda w, s, b, n: role_mwms(w, s, b, n, PER_DISPATCH),
-    "single": lambda w, s, b, n: role_single(w, s, b, n, PER_DISPATCH),
+    "async": role_async,
+    "async-1step": lambda w, s, b, n, k: role_async(w, s, b, n, 1),
+    "mwms": role_mwms,
+    "single": role_single,
 }
 
 
-def run_role(workload_module: str, role: str, size: str, batch: int, steps: int) -> None:
-    ROLES[role](importlib.import_module(workload_module), size, batch, steps)
+def run_role(workload_module: str, role: str, size: str, batch: int, steps: int, k: int | None = None) -> None:
+    """Run TF2 peer `role` on a workload module; `k` steps per closure or call (None: PER_DISPATCH)."""
+    ROLES[role](importlib.import_module(workload_module), size, batch, steps, k or PER_DISPATCH)
+
+
+def role_argv(argv: list[str]) -> tuple[str, str, int, int, int | None]:
+    """A role process's arguments: ROLE SIZE GLOBAL_BATCH STEPS [K] (tests/benchmarks/bench.launch_peer)."""
+    k = int(argv[4]) if len(argv) > 4 else None
+    return argv[0], argv[1], int(argv[2]), int(argv[3]), k

@@ -1,7 +1,9 @@
 """Benchmark jobs: MLPs of about 1 M, 10 M and 50 M parameters on synthetic data.
 
 What is measured is the cost of computing and moving parameters and gradients, so the data are
-random (fixed seed) and the model is a plain MLP: 784 -> H -> H -> 10.
+random and the model is a plain MLP: 784 -> H -> H -> 10. pstrain's examples are drawn as the peers
+draw theirs, made on its workers, none repeated in a run (tests/benchmarks/drawn.py); the --data
+section's jobs (DataSmall, ...) read a fixed set from where each says.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
+
+from tests.benchmarks.drawn import DRAWN, drawn
 
 if TYPE_CHECKING:
     import tf_keras
@@ -57,17 +61,24 @@ def optimizer():
     return tf_keras.optimizers.legacy.SGD(learning_rate=0.01)
 
 
-def fresh_batch(seed, n: int):
+def fresh_batch(seed, n: int, size: str = ""):
     """n examples from a [2] seed, made where it runs (tests/benchmarks/fair.py's peers)."""
     sx, sy = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     return tf.random.stateless_normal([n, INPUTS], sx), tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
+
+
+def example(seed, size: str = ""):
+    """One example drawn as fresh_batch draws each of its n (pstrain's: tests/benchmarks/drawn.py)."""
+    x, y = fresh_batch(seed, 1)
+    return x[0], y[0]
 
 
 class _Mlp:
     size = ""
     loss_fn = staticmethod(loss)
     optimizer_fn = staticmethod(optimizer)
-    train_data = staticmethod(_data)
+    train_dataset = staticmethod(lambda: drawn(example))
+    bench_data = DRAWN
 
     @classmethod
     def model_fn(cls):
@@ -98,27 +109,33 @@ def _bench_dir() -> str:
     return os.environ["PSTRAIN_BENCH_DATA"]
 
 
-class DataSmall(Mlp1M):
+class _Fixed(Mlp1M):
+    """A fixed set of examples, read from where each subclass says."""
+
+    train_dataset = None
+    bench_data = "the job's arrays shuffled and batched on the workers"
+
+
+class DataSmall(_Fixed):
     """(a) small arrays from train_data(): 4,096 examples, 12 MiB."""
 
+    train_data = staticmethod(_data)
 
-class DataArrays(Mlp1M):
+
+class DataArrays(_Fixed):
     """(b) the large set as train_data() arrays in the chief's memory."""
 
     train_data = staticmethod(lambda: (np.load(f"{_bench_dir()}/x.npy"), np.load(f"{_bench_dir()}/y.npy")))
 
 
-class DataNpy(Mlp1M):
+class DataNpy(_Fixed):
     """(c) the same large set as .npy files each worker reads (train_arrays(), the fast path)."""
 
-    train_data = None
     train_arrays = staticmethod(lambda: (f"{_bench_dir()}/x.npy", f"{_bench_dir()}/y.npy"))
 
 
-class DataFiles(Mlp1M):
+class DataFiles(_Fixed):
     """(d) one file per example (train_dataset()): 784 raw float32 values per file; label = index mod 10."""
-
-    train_data = None
 
     @staticmethod
     def train_dataset():

@@ -140,12 +140,12 @@ ROLES = {
 }
 
 if __name__ == "__main__":
-    role, size, global_batch, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    from tests.benchmarks.fair import role_argv, run_role
+
+    role, size, global_batch, steps, k = role_argv(sys.argv[1:])
     if role in ROLES:
         ROLES[role](size, global_batch, steps)
     else:
-        from tests.benchmarks.fair import run_role
-
-        run_role("tests.benchmarks.jobs", role, size, global_batch, steps)
+        run_role("tests.benchmarks.jobs", role, size, global_batch, steps, k)
     sys.stdout.flush()
     os._exit(0)  # coordinator threads would otherwise hold the exit

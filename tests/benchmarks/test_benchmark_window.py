@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.benchmarks.bench import PeerFailed, last_error, peer_rows, rotated, run_rounds
+from tests.benchmarks.bench import last_error, peer_rows
 from tests.benchmarks.fair import chunks
+from tests.benchmarks.rounds import PeerFailed, run_rounds
 from tests.benchmarks.window import block_ends, measure, running_max
 
 pytestmark = pytest.mark.pure
@@ -37,22 +38,21 @@ def test_pstrain_samples_are_its_blocks_ends_so_the_gaps_between_blocks_count():
     assert block_ends(records) == [(1, 1.0), (5, 2.004), (9, 3.008)]
 
 
-def test_the_peer_order_rotates_round_by_round_and_dispatches_cover_the_run():
-    peers = ["pstrain", "tf1", "mwms"]
-    assert [rotated(peers, r)[0] for r in range(4)] == ["pstrain", "tf1", "mwms", "pstrain"]
+def test_dispatches_cover_the_run():
     assert chunks(40, 16) == [1, 16, 16, 7] and chunks(33, 16) == [1, 16, 16] and chunks(1, 16) == [1]
 
 
 def test_a_peer_that_fails_is_reported_with_why_and_not_run_again_while_the_others_go_on():
     tried: list[str] = []
 
-    def run_one(peer: str) -> dict:
+    def run_one(peer: str, k: int | None) -> dict:
         tried.append(peer)
         if peer == "mwms":
             raise PeerFailed("mwms printed no result: InternalError: Tensor Size Mismatch")
         return {"step_s": 0.01 if peer == "pstrain" else 0.02, "startup_s": 4.0}
 
-    runs, failed = run_rounds(run_one, ["pstrain", "tf1", "mwms"], "10m", repeats=3)
+    rounds = run_rounds(run_one, ["pstrain", "tf1", "mwms"], "10m", repeats=3, sweep=(), warmup_rounds=0)
+    runs, failed = rounds["runs"], rounds["failed"]
     assert tried.count("mwms") == 1 and tried.count("pstrain") == 3 and tried.count("tf1") == 3
     assert failed == {"mwms": "mwms printed no result: InternalError: Tensor Size Mismatch"} and runs["mwms"] == []
     rows = peer_rows(runs, 128, failed)

@@ -60,7 +60,7 @@ def test_a_shaped_port_carries_its_rate_and_no_more():
 def test_bench_on_1gbit_runs_each_task_on_its_own_host_and_plan_holds(tmp_path):
     out = tmp_path / "bench.json"
     argv = [sys.executable, "-m", "tests.benchmarks.bench", "--sizes", "1m", "--peers", "pstrain", "--repeats", "1"]
-    argv += ["--steps", "60", "--link", "1gbit", "--out", str(out)]
+    argv += ["--steps", "60", "--warmup-rounds", "0", "--link", "1gbit", "--out", str(out)]
     bench = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[int] = set()
     networks: set[str] = set()

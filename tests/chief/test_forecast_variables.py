@@ -29,15 +29,33 @@ def test_tables_move_touched_rows_and_dense_variables_move_whole():
     assert dense and all(v.push_bytes == v.pull_bytes == v.bytes for v in dense)
 
 
-def test_a_keras3_table_is_split_as_the_launch_splits_it_and_pulled_whole():
+def test_a_keras3_table_is_split_as_the_launch_splits_it_and_moves_its_rows():
     """tests/jobs/keras3.py's Sharded table (3000 x 48 float32): the launch on 2 ps splits it in 2 shards
-    (tests/system/test_keras3.py), and so does the forecast; its forward pass reads all of it (Keras 3's
-    Embedding converts the table to a tensor), its gradient moves only the touched rows."""
+    (tests/system/test_keras3.py), and so does the forecast; its lookup gathers on the ps
+    (chief/contract/keras3_lookup.py) and its gradient is row slices, so only the touched rows move."""
     from cluster.forecast.model import Variable, shards
 
     found = {v["name"]: v for v in job_variables("tests.jobs.keras3:Sharded", 16)}
     table = Variable(**found["big_table/embeddings:0"])
     assert table.bytes == 3000 * 48 * 4 and table.rows == 3000
     assert shards(table, 2) == 2 and shards(table, 1) == 1
-    assert table.pull_bytes == table.bytes
-    assert table.push_bytes < table.bytes and table.push_bytes % (48 * 4 + 8) == 0
+    import keras
+
+    from chief.contract.keras3_lookup import ROUTED
+
+    assert getattr(keras.layers.Embedding.call, ROUTED, False), "loading the job routed the lookup to the ps"
+    assert table.pull_bytes == table.push_bytes < table.bytes and table.push_bytes % (48 * 4 + 8) == 0
+
+
+def test_a_keras3_table_the_launch_refuses_split_says_why():
+    """ShardedLamb (Lamb's update of the table is not elementwise) is refused on 2 ps by the launch
+    (tests/system/test_keras3.py); the forecast's variables carry the launch's reason, the plan finds it
+    at 2 ps, and Sharded (Adam, a NonNeg kernel) carries none."""
+    from cluster.forecast.model import Variable, refused_split
+
+    lamb = [Variable(**v) for v in job_variables("tests.jobs.keras3:ShardedLamb", 16)]
+    table = next(v for v in lamb if v.name == "big_table/embeddings:0")
+    assert table.split_refused.startswith("optimizer_fn: a Keras 3 Lamb updates big_table/embeddings as a whole")
+    assert refused_split(lamb, [1, 4, 2]) == (2, table.split_refused) and refused_split(lamb, [1]) is None
+    adam = [Variable(**v) for v in job_variables("tests.jobs.keras3:Sharded", 16)]
+    assert not any(v.split_refused for v in adam) and refused_split(adam, [1, 2, 4]) is None

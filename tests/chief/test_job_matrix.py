@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from chief.contract.framework import variables_of
 from chief.contract.job import load_job
 from chief.data.train_source import train_source
-from chief.state.model_state import variables_of
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
 from cluster.config import TrainConfig

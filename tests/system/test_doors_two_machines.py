@@ -7,7 +7,6 @@ node, and after SIGKILL of the launcher."""
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import subprocess
 import sys
@@ -18,26 +17,12 @@ import pytest
 
 from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, step_lines, with_block_length
 from tests.netns import Host, lan, netns_tier
+from tests.system.two_hosts import node_argv, write_two_host_job
 
 pytestmark = [*netns_tier(), pytest.mark.skipif(shutil.which("nft") is None, reason="nft (nftables) is not installed")]
 
 SUBNET = "10.252.7"
 TF_PORTS = {"a": [2220, 2221, 2222], "b": [2222]}  # chief, ps, worker 0 on A; worker 1 on B
-CONFIG = """\
-[cluster]
-chief = "{a}:2220"
-control = "{a}:2229"
-ps = ["{a}:2221"]
-workers = ["{a}:2222", "{b}:2222"]
-token_file = "{token}"
-heartbeat_interval = 0.5
-heartbeat_timeout = 5.0
-
-[train]
-steps = {steps}
-checkpoint_every = 50
-run_dir = "{run_dir}"
-"""
 DOCTOR = """\
 import json, sys
 from cluster.doctor.run import run_doors
@@ -73,18 +58,15 @@ def tables(host: Host) -> list[str]:
 
 def start(tmp_path: Path, hosts: dict[str, Host], steps: int) -> tuple[list[subprocess.Popen], str, Path]:
     a, b = hosts["a"], hosts["b"]
-    token = tmp_path / "token"
-    token.write_text(secrets.token_urlsafe(16) + "\n")
-    config = tmp_path / "cluster.toml"
-    config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, steps=steps, run_dir=tmp_path / "run"))
-    control = f"{a.address}:2229"
-    node_argv = ["node", "--chief", control, "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+    config, token = write_two_host_job(
+        tmp_path, hosts, cluster={"heartbeat_timeout": 5.0}, steps=steps, checkpoint_every=50, run_dir=tmp_path / "run"
+    )
     launch_argv = with_block_length(["launch", "--config", str(config)])
     processes = [
         subprocess.Popen(
             host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(tmp_path / f"{name}.out", "w"), stderr=subprocess.STDOUT
         )
-        for host, argv, name in ((a, launch_argv, "launch"), (b, node_argv, "node"))
+        for host, argv, name in ((a, launch_argv, "launch"), (b, node_argv(a, token, tmp_path / "node"), "node"))
     ]
     return processes, str(token), tmp_path / "run"
 

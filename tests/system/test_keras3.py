@@ -129,6 +129,16 @@ def test_sharded_refused_where_not_elementwise(tmp_path):
     assert_no_orphans(result)
 
 
+def test_plan_says_the_refusal_before_measuring(tmp_path):
+    """`pstrain plan` on the same job: one line naming the refusal on 2 ps, before any measured run."""
+    result = run_pstrain(["plan", "--job", "tests.jobs.keras3:ShardedLamb", "--log", str(tmp_path / "runs.log")], timeout=200)
+    assert_one_line_error(
+        result, "pstrain plan: --job tests.jobs.keras3:ShardedLamb is refused on 2 ps or more (optimizer_fn: a Keras 3 Lamb"
+    )
+    assert "measuring" not in result.output and not (tmp_path / "runs.log").exists(), result.output
+    assert_no_orphans(result)
+
+
 def test_plain_job_metrics_and_schedule(runs):
     _, done = metrics(runs["plain"]["cluster"])
     _, local = metrics(runs["plain"]["standalone"])

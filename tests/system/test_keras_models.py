@@ -253,7 +253,7 @@ def test_tf_config_with_an_evaluator_task_trains_and_evaluates(tmp_path):
         checkpoint_every=5,
         run_dir=str(run_dir),
     )
-    prepare(run_dir, describe("cluster", train_config, None), train_config)
+    prepare(RunDir(run_dir), describe("cluster", train_config, None), train_config)
 
     def start(task_type: str, index: int, command: list[str]) -> subprocess.Popen:
         tf_config = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"})

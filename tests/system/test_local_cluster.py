@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import ROOT, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
+from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain, step_lines
 from tests.soak import compare_checkpoints
 
 pytestmark = pytest.mark.cluster
@@ -126,7 +126,7 @@ def test_resume_on_two_ps_shards_variables_and_matches_the_standalone_model(tmp_
 def pstrain_stop(run_dir: Path) -> subprocess.CompletedProcess:
     """`pstrain stop` against the run's control plane, as an operator types it (the README's form)."""
     args = ["stop", "--run-dir", str(run_dir)]
-    return subprocess.run(["python", "-m", "cluster.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run([*PSTRAIN, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, "pstrain stop"], ids=["ctrl-c", "sigterm", "pstrain-stop"])

@@ -143,6 +143,7 @@ def test_gpu_check_reads_where_each_worker_computed(short_run, tmp_path):
     and deploy/gpu_check.sh's report says so (and fails) rather than claim a GPU. Its throughput line
     sets the run against a one-process run, here one written with known step times."""
     from cluster.doctor.gpu_check import placements, report
+    from cluster.rundir import RunDir
 
     run_dir, _ = short_run
     for index in (0, 1):
@@ -159,7 +160,7 @@ def test_gpu_check_reads_where_each_worker_computed(short_run, tmp_path):
     )
     batch = json.loads((run_dir / "cluster.json").read_text())["train"]["global_batch_size"]
     pstrain = batch / statistics.median(step["seconds"] for step in metrics(run_dir)[0][3:])
-    lines, on_gpu = report(run_dir, one_process, workers=2)
+    lines, on_gpu = report(RunDir(run_dir), RunDir(one_process), workers=2)
     assert not on_gpu
     for index in (0, 1):
         cpu = f"/job:worker/replica:0/task:{index}/device:CPU:0"

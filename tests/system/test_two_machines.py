@@ -7,7 +7,6 @@ Host A runs `pstrain launch` (chief, ps, worker 0); host B runs `pstrain node --
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,24 +31,9 @@ from tests.helpers import (
     with_block_length,
 )
 from tests.netns import netns_tier, set_link, two_hosts
+from tests.system.two_hosts import CONTROL_PORT, node_argv, write_two_host_job
 
 pytestmark = netns_tier()
-
-CONFIG = """\
-[cluster]
-chief = "{a}:2220"
-control = "{a}:2229"
-ps = ["{a}:2221"]
-workers = ["{a}:2222", "{b}:2222"]
-token_file = "{token}"
-heartbeat_interval = 0.5
-heartbeat_timeout = {timeout}
-
-[train]
-steps = {steps}
-checkpoint_every = 20
-run_dir = "{run_dir}"
-"""
 
 
 @dataclass
@@ -63,19 +47,15 @@ class TwoHostRun:
 
 def run_two_hosts(tmp_path: Path, a, b, steps: int, timeout: float, during=None) -> TwoHostRun:
     """Launcher on A, node on B; `during(elapsed_steps)` runs in the polling loop. Reaps everything."""
-    token = tmp_path / "token"
-    if not token.exists():
-        token.write_text(secrets.token_urlsafe(16) + "\n")
-    config = tmp_path / "cluster.toml"
     run_dir = tmp_path / "run"
-    config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, steps=steps, run_dir=run_dir, timeout=timeout))
-    control = f"{a.address}:2229"
+    config, token = write_two_host_job(
+        tmp_path, {"a": a, "b": b}, cluster={"heartbeat_timeout": timeout}, steps=steps, checkpoint_every=20, run_dir=run_dir
+    )
     outputs = [tmp_path / "launch.out", tmp_path / "node.out"]
-    node_argv = ["node", "--chief", control, "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
     launch_argv = with_block_length(["launch", "--config", str(config)])
     processes = [
         subprocess.Popen(host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(out, "w"), stderr=subprocess.STDOUT)
-        for host, argv, out in ((a, launch_argv, outputs[0]), (b, node_argv, outputs[1]))
+        for host, argv, out in ((a, launch_argv, outputs[0]), (b, node_argv(a, token, tmp_path / "node"), outputs[1]))
     ]
     launcher, node = processes
     seen: set[int] = set()
@@ -86,7 +66,7 @@ def run_two_hosts(tmp_path: Path, a, b, steps: int, timeout: float, during=None)
             seen |= descendant_pids(p.pid for p in processes)
             if not statuses or statuses[-1].get("state") != "training":
                 # Ask from host B, as an operator on the second machine would.
-                argv = PSTRAIN + ["status", "--chief", control, "--token-file", str(token), "--json"]
+                argv = PSTRAIN + ["status", "--chief", f"{a.address}:{CONTROL_PORT}", "--token-file", str(token), "--json"]
                 status = subprocess.run(b.command(argv), cwd=ROOT, capture_output=True, text=True, timeout=60)
                 if status.returncode == 0:
                     statuses.append(json.loads(status.stdout))

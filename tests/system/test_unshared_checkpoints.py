@@ -9,7 +9,6 @@ first step, in one line."""
 from __future__ import annotations
 
 import contextlib
-import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -31,23 +30,10 @@ from tests.helpers import (
 )
 from tests.netns import netns_tier, two_hosts
 from tests.soak import compare_checkpoints
+from tests.system.two_hosts import node_argv, write_two_host_job
 
 pytestmark = netns_tier()
 
-CONFIG = """\
-[cluster]
-chief = "{a}:2220"
-control = "{a}:2229"
-ps = ["{b}:2221"]
-workers = ["{a}:2222", "{a}:2223"]
-token_file = "{token}"
-heartbeat_interval = 0.5
-
-[train]
-steps = 40
-checkpoint_every = 20
-run_dir = "{run_dir}"
-"""
 # `ip netns exec` mounts a sysfs of its own at /sys, without the cgroup file systems a machine has there:
 # mounted again on host A (in its own mount namespace) so that the chief reads its memory limit.
 CGROUPS = (
@@ -62,13 +48,13 @@ def run_without_a_shared_mount(tmp_path: Path, tag: int, extra: list[str], durin
     `pstrain node` (the ps) on host B, B seeing a tmpfs of its own at RUN_DIR; `during(launcher_pid)` runs
     while they do. Returns (the launcher's result, the node's output); everything is reaped, and nothing
     is left running."""
-    token, run_dir, config = tmp_path / "token", tmp_path / "run", tmp_path / "cluster.toml"
-    token.write_text(secrets.token_urlsafe(16) + "\n")
+    run_dir = tmp_path / "run"
     run_dir.mkdir()  # the mount point, on A's file system: B's ps sees an empty tmpfs there
     outputs = [tmp_path / "launch.out", tmp_path / "node.out"]
     with two_hosts(tag=tag) as (a, b):
-        config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, run_dir=run_dir))
-        node = PSTRAIN + ["node", "--chief", f"{a.address}:2229", "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+        hosts = {"a": a, "b": b}  # the ps alone on B; both workers on A
+        config, token = write_two_host_job(tmp_path, hosts, ps="b", workers="aa", steps=40, checkpoint_every=20, run_dir=run_dir)
+        node = PSTRAIN + node_argv(a, token, tmp_path / "node")
         private = f'mount -t tmpfs pstrain-test "{run_dir}" && exec "$0" "$@"'
         launch = PSTRAIN + with_block_length(["launch", "--config", str(config), *extra])
         argvs = [

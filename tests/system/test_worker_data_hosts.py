@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -19,24 +18,9 @@ from cluster.rundir import RunDir
 from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, with_block_length
 from tests.jobs.data_jobs import write_relative_npy
 from tests.netns import netns_tier, two_hosts
+from tests.system.two_hosts import node_argv, write_two_host_job
 
 pytestmark = netns_tier()
-
-CONFIG = """\
-[cluster]
-chief = "{a}:2220"
-control = "{a}:2229"
-ps = ["{a}:2221"]
-workers = ["{a}:2222", "{b}:2222"]
-token_file = "{token}"
-heartbeat_interval = 0.5
-
-[train]
-job = "tests.jobs.data_jobs:relative_npy"
-steps = 40
-global_batch_size = 16
-run_dir = "{run_dir}"
-"""
 
 
 def run_with_b_data(tmp_path: Path, tag: int, b_seed: int | None) -> tuple[int, str]:
@@ -46,18 +30,19 @@ def run_with_b_data(tmp_path: Path, tag: int, b_seed: int | None) -> tuple[int, 
     b_dir.mkdir()
     if b_seed is not None:
         write_relative_npy(b_dir, seed=b_seed)
-    token = tmp_path / "token"
-    token.write_text(secrets.token_urlsafe(16) + "\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with two_hosts(tag=tag) as (a, b):
-        config = tmp_path / "cluster.toml"
-        config.write_text(CONFIG.format(a=a.address, b=b.address, token=token, run_dir=tmp_path / "run"))
-        node_argv = ["node", "--chief", f"{a.address}:2229", "--token-file", str(token), "--log-dir", str(tmp_path / "node")]
+        job = {"job": "tests.jobs.data_jobs:relative_npy", "steps": 40, "global_batch_size": 16, "run_dir": tmp_path / "run"}
+        config, token = write_two_host_job(tmp_path, {"a": a, "b": b}, **job)
+        node = node_argv(a, token, tmp_path / "node")
         out = [open(tmp_path / "launch.out", "w"), open(tmp_path / "node.out", "w")]
         launch_argv = with_block_length(["launch", "--config", str(config)])
         processes = [
             subprocess.Popen(host.command(PSTRAIN + argv), cwd=cwd, env=env, stdout=o, stderr=subprocess.STDOUT)
-            for host, argv, cwd, o in ((a, launch_argv, a_dir, out[0]), (b, node_argv, b_dir, out[1]))
+            for host, argv, cwd, o in (
+                (a, launch_argv, a_dir, out[0]),
+                (b, node, b_dir, out[1]),
+            )
         ]
         seen: set[int] = set()
         try:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from chief.state.model_state import trainable_of
+from chief.contract.framework import trainable_of
 from worker.ps.clipping import apply_clipped
 from worker.replica.gradients import Gradient
 

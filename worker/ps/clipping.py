@@ -22,7 +22,6 @@ import tf_keras
 
 from chief.contract.framework import apply_gradients
 from chief.contract.job import JobError
-from chief.state.sharding import whole_variables
 from worker.replica.gradients import Gradient, unique_rows
 
 SETTINGS = ("clipvalue", "clipnorm", "global_clipnorm")
@@ -185,3 +184,17 @@ def refuse_whole_variable_features(optimizer, variables: Sequence[tf.Variable]) 
                 f"model_fn: {name} has a {type(constraint).__name__} constraint and is split across ps tasks, "
                 "where it would apply per shard; use --ps 1, or drop the constraint (NonNeg works on shards)"
             )
+
+
+def whole_variables(variables: Sequence[tf.Variable]) -> list[range]:
+    """The positions in `variables` of each whole variable, the unit Keras clips: a shard's run of consecutive siblings
+    (TF marks the shards of one `ShardedVariable` with `_sharded_container`), else one position."""
+    groups: list[range] = []
+    for i, v in enumerate(variables):
+        container = getattr(v, "_sharded_container", None)
+        previous = getattr(variables[i - 1], "_sharded_container", None) if i else None
+        if container is not None and previous is not None and container() is not None and previous() is container():
+            groups[-1] = range(groups[-1].start, i + 1)
+        else:
+            groups.append(range(i, i + 1))
+    return groups

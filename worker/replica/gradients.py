@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from chief.contract.arrays import tensor_dtype
-from chief.state.model_state import trainable_of
+from chief.contract.framework import trainable_of
 
 Gradient = tf.Tensor | tf.IndexedSlices
 

@@ -17,9 +17,9 @@ import tensorflow as tf
 import tf_keras
 
 from chief.contract.as_written import as_written
+from chief.contract.framework import trainable_of, variables_of
 from chief.contract.graph_ops import unsupported_ops
 from chief.contract.job import Job, JobError
-from chief.state.model_state import trainable_of, variables_of
 from cluster.config import TrainConfig
 from worker.ps.clipping import refuse_whole_variable_features
 from worker.replica.build_errors import building_from

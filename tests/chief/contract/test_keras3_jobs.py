@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 from chief.contract.arrays import rows
+from chief.contract.framework import trainable_of
 from chief.contract.job import JobError, load_job
-from chief.state.model_state import create_optimizer_slots, trainable_of
+from chief.state.model_state import create_optimizer_slots
 from tests.jobs import keras3
 from worker.ps.clipping import apply_clipped
 from worker.replica.randomness import stateless_random

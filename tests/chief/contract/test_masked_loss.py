@@ -13,10 +13,11 @@ import tensorflow as tf
 import tf_keras
 
 from chief.contract.arrays import rows
+from chief.contract.framework import trainable_of
 from chief.contract.job import JobError, load_job
 from chief.data.eval_set import EvalSet
 from chief.scores import evaluate
-from chief.state.model_state import create_optimizer_slots, trainable_of
+from chief.state.model_state import create_optimizer_slots
 from tests.jobs import masked
 from worker.ps.clipping import apply_clipped
 from worker.replica.replica import Replica, replica_step, run_unwrapped

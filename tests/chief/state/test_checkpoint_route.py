@@ -8,10 +8,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from chief.state.checkpoints import Checkpoints, checkpoint_prefixes
+from chief.state.checkpoints import Checkpoints
 from chief.state.model_state import ModelState
 from chief.state.route import chief_memory_bytes, route, unreachable_ps
 from cluster.errors import PstrainError
+from cluster.rundir import checkpoint_prefixes
 
 pytestmark = pytest.mark.pure
 

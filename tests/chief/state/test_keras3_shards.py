@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from chief.contract.framework import sharded_value, trainable_of
 from chief.contract.job import JobError, load_job
 from chief.state.checkpoints import checkpointed_variables
-from chief.state.keras3_shards import sharded_value
 from chief.state.mirror import MirrorCheckpoints
-from chief.state.model_state import build_state, trainable_of
+from chief.state.model_state import build_state
 from chief.state.sharding import partitioner
 from tests.jobs.keras3 import ids_data
 

@@ -11,11 +11,11 @@ import pytest
 import tf_keras
 
 from chief.contract.arrays import first_rows
+from chief.contract.framework import variables_of
 from chief.contract.job import Job, load_job
 from chief.data.train_source import train_source
 from chief.jobs import recommender
 from chief.optimizers import LazyAdam
-from chief.state.model_state import variables_of
 from chief.state.sharding import read_full, shard_groups
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine

@@ -30,7 +30,7 @@ def served(tmp_path, bind: str, target: str):
     server, port = serve(servicer, bind, Credentials("the-token"))
     run_dir = tmp_path / "run"
     rundir.write_secret(rundir.RunDir(run_dir).control_token, "the-token")
-    rundir.write_control(run_dir, rundir.ControlRecord(target.replace(":0", f":{port}"), "local", "control.token"))
+    rundir.write_control(rundir.RunDir(run_dir), rundir.ControlRecord(target.replace(":0", f":{port}"), "local", "control.token"))
     return server, registry, stops, run_dir
 
 
@@ -68,14 +68,15 @@ def test_a_wrong_token_and_a_gone_control_plane_are_one_line_each(tmp_path, caps
 
 def test_control_json_round_trips_and_is_removed_only_by_its_writer(tmp_path):
     record = rundir.ControlRecord("unix:/run/x.sock", "slurm", "/secrets/token", "", "node1", 7)
-    rundir.write_control(tmp_path, record)
-    assert rundir.read_control(tmp_path) == record
+    run_dir = rundir.RunDir(tmp_path)
+    rundir.write_control(run_dir, record)
+    assert rundir.read_control(run_dir) == record
     later = rundir.ControlRecord("10.0.0.1:2223", "local", "control.token")
-    rundir.write_control(tmp_path, later)
-    rundir.remove_control(tmp_path, record)  # an older launch ending does not remove a newer launch's record
-    assert rundir.read_control(tmp_path) == later
-    rundir.remove_control(tmp_path, later)
-    assert not rundir.RunDir(tmp_path).control_record.exists()
+    rundir.write_control(run_dir, later)
+    rundir.remove_control(run_dir, record)  # an older launch ending does not remove a newer launch's record
+    assert rundir.read_control(run_dir) == later
+    rundir.remove_control(run_dir, later)
+    assert not run_dir.control_record.exists()
 
 
 def test_the_shown_step_is_the_newest_known_and_says_how_old_it_is(tmp_path):

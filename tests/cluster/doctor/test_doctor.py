@@ -20,9 +20,10 @@ import pytest
 from cluster.control.registry import Registry
 from cluster.control.security import Credentials
 from cluster.control.service import ControlService, serve
-from cluster.doctor import checks, facts, gpus
+from cluster.doctor import checks, gpus
 from cluster.doctor.checks import Check, Gpu, GpuProcess, Probe, Smi
 from cluster.doctor.run import cluster_checks
+from cluster.rundir import checkpoint_bytes_within
 from cluster.versions import local_versions
 from tests.helpers import PSTRAIN, ROOT
 
@@ -164,15 +165,15 @@ def test_network_environment_and_disk_checks():
 @pytest.mark.pure
 def test_checkpoint_bytes_is_the_newest_checkpoints_size(tmp_path):
     """Found in a run dir, or in the run dirs inside the doctor's `runs`."""
-    assert facts.checkpoint_bytes(tmp_path) == 0
+    assert checkpoint_bytes_within(tmp_path) == 0
     old, new = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
     for directory, step, size in ((old, 10, 5000), (new, 20, 300)):
         directory.mkdir(parents=True)
         (directory / f"ckpt-{step}.data-00000-of-00001").write_bytes(b"\0" * size)
         (directory / f"ckpt-{step}.index").write_bytes(b"\0" * 100)
     os.utime(old / "ckpt-10.index", (1, 1))  # b's is the newest
-    assert facts.checkpoint_bytes(tmp_path) == 400
-    assert facts.checkpoint_bytes(tmp_path / "a") == 5100
+    assert checkpoint_bytes_within(tmp_path) == 400
+    assert checkpoint_bytes_within(tmp_path / "a") == 5100
     assert checks.exposure(["127.0.0.1", "10.0.0.5", "192.168.1.2", "fe80::1"], {"worker-0": "10.0.0.5"})[0].level == "OK"
     public = checks.exposure(["10.0.0.5", "8.8.8.8"], {})[0]
     assert public.level == "WARN" and "8.8.8.8" in public.message

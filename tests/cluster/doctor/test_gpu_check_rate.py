@@ -7,6 +7,7 @@ import json
 import pytest
 
 from cluster.doctor.gpu_check import examples_per_second
+from cluster.rundir import RunDir
 
 pytestmark = pytest.mark.pure
 
@@ -16,4 +17,4 @@ def test_eval_lines_between_steps_are_skipped(tmp_path):
     lines.insert(4, {"event": "eval", "step": 3, "eval_loss": 0.2})  # --eval-every: a line with a step, no seconds
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (tmp_path / "cluster.json").write_text(json.dumps({"train": {"global_batch_size": 64}}))
-    assert abs(examples_per_second(tmp_path) - 64 / 0.2) < 1e-9
+    assert abs(examples_per_second(RunDir(tmp_path)) - 64 / 0.2) < 1e-9

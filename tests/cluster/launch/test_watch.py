@@ -16,6 +16,7 @@ from cluster.launch.launcher import expected_tasks
 from cluster.launch.supervisor import Supervisor
 from cluster.launch.watch import ClusterWatch
 from cluster.policy import Restart
+from cluster.rundir import RunDir
 from cluster.stop import StopTrap
 from cluster.task import TaskId
 from cluster.task_setup import task_setup
@@ -53,7 +54,9 @@ def test_a_stop_during_a_restart_back_off_reaches_the_chief_at_once(tmp_path, mo
                 return stop_wait(seconds)
 
             stop.wait = noting_the_back_off
-            run_watch = ClusterWatch(supervisor, Registry(expected_tasks(cluster), {}, 10.0), cluster, 5.0, stop)
+            run_watch = ClusterWatch(
+                supervisor, Registry(expected_tasks(cluster), {}, 10.0), cluster, 5.0, stop, RunDir(tmp_path)
+            )
             runner = threading.Thread(target=lambda: codes.append(run_watch.run(chief)), daemon=True)
             threading.Thread(target=send_sigterm_once_backing_off, daemon=True).start()
             runner.start()
@@ -133,7 +136,7 @@ def test_a_hung_local_worker_is_killed_and_restarted_and_the_run_goes_on(tmp_pat
     cluster, registry, supervisor, worker, chief, clock = silent_cluster(tmp_path, SLEEPER, start_worker=True)
     try:
         with StopTrap() as stop:
-            supervision = ClusterWatch(supervisor, registry, cluster, 5.0, stop, tmp_path)
+            supervision = ClusterWatch(supervisor, registry, cluster, 5.0, stop, RunDir(tmp_path))
             supervision._check_silent()
             assert worker.process.wait(timeout=10) == -signal.SIGKILL, "the hung worker was killed"
             supervision._restart_dead_servers()
@@ -172,7 +175,7 @@ def test_a_task_lost_on_another_machine_ends_the_run_saying_what_became_of_the_c
     wait_for_sigterm_handler(chief.process.pid)  # the chief has set its signal handler
     try:
         with StopTrap() as stop:
-            code = ClusterWatch(supervisor, registry, cluster, 5.0, stop, tmp_path).run(chief)
+            code = ClusterWatch(supervisor, registry, cluster, 5.0, stop, RunDir(tmp_path)).run(chief)
     finally:
         supervisor.stop_all()
     assert code == 1
