@@ -21,9 +21,9 @@ import time
 import tensorflow as tf
 import tf_keras
 
-from chief.contract.framework import TF_KERAS
+from chief.contract.framework import TF_KERAS, trainable_of
 from chief.contract.job import Job
-from chief.state.model_state import create_optimizer_slots, trainable_of
+from chief.state.model_state import create_optimizer_slots
 from cluster.config import TrainConfig
 from cluster.errors import ConfigError
 from worker.ps.clipping import clipping_of
