@@ -49,6 +49,7 @@ TRAIN_FLAGS = (
     ("--shuffle", str, "data order: permutation (default) or index_shuffle (stateless, for very large data sets)"),
     ("--steps-per-execution", int, "steps each worker runs per dispatch from the chief (default 64; 1: one per step)"),
     ("--on-nonfinite", str, "a NaN/Inf loss or mean gradient: stop (default: checkpoint and exit) or skip the step"),
+    ("--dense", str, "dense variables: ps (default: updated on the ps) or allreduce (replicated on the workers)"),
 )
 
 

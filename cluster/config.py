@@ -70,6 +70,7 @@ class TrainConfig:
     shuffle: str = "permutation"  # data order: "permutation" (NumPy, O(N)) or "index_shuffle" (stateless, O(batch))
     steps_per_execution: int = 64  # K: steps each closure runs per dispatch (blocks end at checkpoints and evaluations)
     on_nonfinite: str = "stop"  # a NaN/Inf loss, mean gradient or state delta: "stop" (checkpoint, exit) or "skip" the step
+    dense: str = "ps"  # dense variables: "ps" (applied on the ps) or "allreduce" (replicated on the workers: the hybrid step)
 
     @property
     def slot_batch_size(self) -> int:
@@ -326,6 +327,9 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
     nonfinite = raw.get("on_nonfinite", defaults.on_nonfinite)
     if nonfinite not in ("stop", "skip"):
         raise ConfigError(f"train.on_nonfinite: expected 'stop' or 'skip' (drop the step and go on), got {nonfinite!r}")
+    dense = raw.get("dense", defaults.dense)
+    if dense not in ("ps", "allreduce"):
+        raise ConfigError(f"train.dense: expected 'ps' or 'allreduce' (dense variables replicated on the workers), got {dense!r}")
     return TrainConfig(
         job=job.strip(),
         steps=steps,
@@ -341,6 +345,7 @@ def _resolve_train(raw: dict[str, Any], num_workers: int) -> TrainConfig:
         shuffle=shuffle,
         steps_per_execution=per_execution,
         on_nonfinite=nonfinite,
+        dense=dense,
     )
 
 

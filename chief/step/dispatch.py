@@ -27,9 +27,10 @@ from chief.state.model_state import allow_loss_scaling_under_ps, build_state
 from chief.state.sharding import partitioner
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
+from chief.step.hybrid import DenseCopies, Watchdog, copies_past, refuse
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
-from cluster.errors import user_error
+from cluster.errors import TrainingError, user_error
 from cluster.tfconfig import training_resolver
 from worker.input.readahead import ReadAhead, schedule_order
 from worker.input.sources import Source
@@ -96,6 +97,11 @@ class ClusterEngine:
         self.replica = inspected_replica(job, self.state, train, source, sample)
         self.sparse = list(self.replica.sparse)
         self.names = value_names(self.replica)
+        self.dense: DenseCopies | None = None  # train.dense = "allreduce": the workers' copies (chief/step/hybrid.py)
+        if train.dense == "allreduce":
+            refuse(job, train, self.replica, len(self.workers))
+            self._watchdog = Watchdog()
+            self.names = [name for name, rows in zip(self.names, [True, *self.sparse], strict=False) if rows]
         self._fetchers = futures.ThreadPoolExecutor(max_workers=2 * train.total_num_replicas + 4)
         self._late: set[futures.Future] = set()
         self._finished: list[int] = []  # the last block's slots in the order their closures finished
@@ -109,12 +115,15 @@ class ClusterEngine:
             tables = {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
             log.info("row-sparse gradients (only touched rows move): %s", ", ".join(sorted(tables)))
         device = self.state.global_step.device
+        if self.train.dense == "allreduce" and self.dense is None:  # the copies start from the ps's values
+            self.dense = DenseCopies(self.strategy, self.job, self.state, self.replica, "/job:worker/replica:0/task:0")
+        kept = [i for i, rows in enumerate(self.sparse) if rows or self.dense is None]  # pushed to the ps
         self.aggregator = SyncReplicasAggregator(
-            [self.loss, *variables, *self.replica.state_variables],
+            [self.loss, *(variables[i] for i in kept), *self.replica.state_variables],
             required=self.train.replicas_to_aggregate,
             total_slots=self.train.total_num_replicas,
             start_step=start_step,
-            sparse=[False, *self.sparse, *[False] * len(self.replica.state_variables)],
+            sparse=[False, *(self.sparse[i] for i in kept), *[False] * len(self.replica.state_variables)],
             arrivals_device=device,
         )
         self.gate = StepGate(device)
@@ -145,6 +154,7 @@ class ClusterEngine:
             self._expected,
             self._readahead,
             backups,
+            self.dense,
         )
         with tf.device(device):
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
@@ -158,6 +168,7 @@ class ClusterEngine:
             self._stopping,
             self._apply_widths,
             t.on_nonfinite == "skip",
+            None if self.dense is None else self.dense.tables,
         )
         self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
         one_ps = len({v.device for v in variables_of(self.state.model.weights)} | {device}) == 1
@@ -169,6 +180,9 @@ class ClusterEngine:
         more slots than workers a closure would wait at the gate for slots queued behind it on its own
         worker: then one step per dispatch, as the closures of a step can run one after another."""
         results: list[StepResult] = []
+        if self.train.dense == "allreduce":
+            self._watchdog.tick()
+            self._watchdog.armed = True
         try:
             start, end = first, first + count
             while start < end:
@@ -184,11 +198,16 @@ class ClusterEngine:
                 if len(block) < size or withheld or interrupted():
                     break  # interrupted, or a step withheld under "stop": the caller checkpoints and stops
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
+            if self.dense is not None and (line := copies_past(e)):
+                raise TrainingError(line) from e
             error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
             found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
             if found is None:
                 raise error from (None if error is e else e)
             raise found from error
+        finally:
+            if self.train.dense == "allreduce":
+                self._watchdog.armed = False
         return results
 
     def _cancelled_by(self, error: tf.errors.CancelledError) -> tf.errors.OpError:
@@ -246,12 +265,22 @@ class ClusterEngine:
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         self._finished, results = [], {}
-        if count == 1 and not self._pushed(pending, results, interrupted):
+        # (With train.dense = "allreduce" a closure's step ends only once the apply ran: no waiting for it.)
+        if count == 1 and self.dense is None and not self._pushed(pending, results, interrupted):
             return []  # interrupted before the step's gradients were in: nothing applied
         applying = self._fetchers.submit(self._apply_block, first_t, count_t)
-        stalled = self._wait(applying, pending, results, interrupted, can_stall=count > 1)
+        # A lost worker stalls even a one-step block when the workers' collectives carry the step (once warm:
+        # a cold first step may take long to trace).
+        can_stall = count > 1 or (self.dense is not None and self._warm)
+        stalled = self._wait(applying, pending, results, interrupted, can_stall=can_stall)
         applied = unpack_applied(applying.result().numpy(), self._apply_widths)
         proceeded = applied[5]  # (losses, chosen, workers, late, finite, proceeded)
+        if stalled and self.dense is not None:
+            raise TrainingError(
+                f"step {self._open_step()}: a worker failed or hangs, and the workers' collectives (train.dense = "
+                '"allreduce") cannot be re-formed in this run; run the same command again to resume from the last '
+                'checkpoint, or set train.dense = "ps" to ride out a lost worker'
+            )
         if stalled:  # the accumulators hold the unblocking pushes: start afresh from the global step
             self.prepare(int(self.state.global_step.numpy()))
         t2 = time.perf_counter()
@@ -261,6 +290,8 @@ class ClusterEngine:
         if t.total_num_replicas == t.replicas_to_aggregate and not stalled:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
+        if self.dense is not None:  # the ps's copy of the dense variables, for checkpoints and evaluations
+            self.coordinator.schedule(self.dense.write_back).fetch()
         stream = self.source if streams else None
         # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
@@ -298,6 +329,8 @@ class ClusterEngine:
         unblocked_at, stalled = None, False
         progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
+            if self.train.dense == "allreduce":
+                self._watchdog.tick()
             done, waiting = futures.wait(waiting, timeout=INTERRUPT_POLL_S, return_when=futures.FIRST_COMPLETED)
             for future in done:
                 if future is applying:

@@ -140,3 +140,11 @@ def test_run_dir_written_by_other_settings_is_refused():
     check_compatible({"train": {"seed": 0, "global_batch_size": 64}}, config.train)
     with pytest.raises(ConfigError, match="--run-dir: runs/x was written with seed=1"):
         check_compatible({"train": {"seed": 1}}, config.train)
+
+
+@pytest.mark.pure
+def test_train_dense_is_ps_by_default_and_checked():
+    assert resolve({}, {}).train.dense == "ps"
+    assert resolve({"train": {"dense": "allreduce"}}, {}).train.dense == "allreduce"
+    with pytest.raises(ConfigError, match="train.dense: expected 'ps' or 'allreduce'"):
+        resolve({"train": {"dense": "ring"}}, {})

@@ -39,16 +39,23 @@ def all_finite(values: Sequence[Gradient]) -> tf.Tensor:
     return tf.stack(checks)
 
 
-def apply_loop(state, replica, aggregator, gate, loss_var, stopping, widths: tuple[int, ...], skip: bool):
+def apply_loop(state, replica, aggregator, gate, loss_var, stopping, widths: tuple[int, ...], skip: bool, variables=None):
     """The traced apply loop: `apply_fn(first, count)`. `loss_var` receives each applied step's mean
     loss; `stopping` (a bool variable on the ps) ends the loop at the next step boundary; `widths`:
-    `apply_widths` of the packed result; `skip`: on_nonfinite "skip" (else "stop")."""
+    `apply_widths` of the packed result; `skip`: on_nonfinite "skip" (else "stop"); `variables`: the
+    trainable variables updated here (default all; the tables alone when the workers update the dense
+    ones, train.dense = "allreduce", the optimizer's step count then moving here as well)."""
     optimizer, global_step = state.optimizer, state.global_step
 
     @tf.function(autograph=False)
     def apply_means(means):
         """One step's update; as a function call it has finished, every write done, when it returns."""
-        apply_step(optimizer, trainable_of(replica.model), replica.state_variables, means)
+        if variables is None:
+            apply_step(optimizer, trainable_of(replica.model), replica.state_variables, means)
+        elif variables:
+            apply_step(optimizer, variables, (), means)
+        else:  # only dense variables, updated on the workers: the step count moves as an update moves it
+            optimizer.iterations.assign_add(1)
         return tf.constant(True)
 
     @tf.function(autograph=False)

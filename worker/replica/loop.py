@@ -14,13 +14,15 @@ import tensorflow as tf
 
 from worker.input.readahead import request_tag
 from worker.ps.gate import ABORT
+from worker.replica.allreduce import apply_after_gate, hybrid_step
 from worker.replica.replica import replica_step
 
 
-def worker_loop(strategy, state, replica, aggregator, gate, source, expected, readahead, backups: bool):
+def worker_loop(strategy, state, replica, aggregator, gate, source, expected, readahead, backups: bool, dense=None):
     """The traced worker loop for one slot's closure: `worker_fn(iterator, first, count, slot, positions)`.
     `expected`: the source's fingerprint; `readahead`: a ReadAhead or None; `backups`: more slots than
-    the N gradients a step applies (the apply then takes the first N slots to arrive)."""
+    the N gradients a step applies (the apply then takes the first N slots to arrive); `dense`: the
+    workers' copies (chief/step/hybrid.py DenseCopies) with train.dense = "allreduce", else None."""
     global_step = state.global_step
 
     @tf.function(autograph=False)  # the job's code is converted where it is called (chief/contract/as_written.py)
@@ -60,19 +62,26 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
                 made = len(graph.get_operations())
                 with tf.control_dependencies([token]):
                     batch = tf.nest.map_structure(tf.identity, batch)
-                    loss, grads, deltas = replica_step(replica, batch, step, slot)
+                    if dense is None:
+                        loss, grads, deltas = replica_step(replica, batch, step, slot)
+                        values = [loss, *grads, *deltas]
+                    else:
+                        values, means = hybrid_step(replica, dense, batch, step, slot)
                 # A job's assertions (tf.debugging.assert_*, a stateful cond around an Assert) feed
                 # nothing: the pushes wait for every stateful op of the step, so a step whose assertion
                 # fails is never applied and the error names that step.
                 stateful = [op for op in graph.get_operations()[made:] if op._is_stateful]
                 with tf.control_dependencies(stateful):
-                    pushes = aggregator.push(slot, step, [loss, *grads, *deltas])
+                    pushes = aggregator.push(slot, step, values)
                 if backups:  # the apply takes the first N slots to arrive
                     pushes = [aggregator.arrive(slot, step, worker, pushes)]
                 with tf.control_dependencies(pushes):
-                    return tf.equal(token, step)  # whether this slot's gradient can count for its step
+                    counted = tf.equal(token, step)  # whether this slot's gradient can count for its step
+                return counted if dense is None else (counted, means)
 
             pushed = strategy.run(replica_fn, args=(batch, token))
+            if dense is not None:
+                pushed = apply_after_gate(strategy, dense, gate, global_step, step, *pushed)
             wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
             with tf.control_dependencies([pushed]):  # the next step waits for this one's pushes
                 return i + 1, token, wheres

@@ -56,10 +56,14 @@ class Replica:
     sparse: tuple[bool, ...] | None = None  # per trainable variable: row-sparse (worker/replica/gradients.py); None: all dense
 
 
-def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = None) -> tuple[tf.Tensor, list, list]:
+def replica_step(
+    r: Replica, data: tuple, step, slot, touched: list | None = None, reads: dict | None = None
+) -> tuple[tf.Tensor, list, list]:
     """(loss, gradients, state deltas) of one slot; nothing is written to any variable. Gradients of
     row-sparse variables are deduplicated, sorted row slices, the others dense. `touched`, if
-    given, receives the positions in `r.state_variables` that the forward pass assigned."""
+    given, receives the positions in `r.state_variables` that the forward pass assigned. `reads`:
+    position among the trainable variables -> the tensor the model reads for it instead (a worker's
+    copy, worker/replica/allreduce.py `reading`): its gradient is taken for that tensor."""
     from worker.replica.randomness import stateless_random
 
     features, labels, weights = unpack(data)
@@ -68,6 +72,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
     variables = trainable_of(r.model)
     with capture_assigns(r.state_variables) as captured, stateless_random(r.model, r.seed, step, slot):
         with tf.GradientTape() as tape, building_from(r.job, data):
+            tape.watch(list((reads or {}).values()))
             predictions = as_written(r.model)(features, training=True)
             loss = slot_loss(r.job, getattr(r.model, "output_names", None), labels, predictions, weights, r.num_slots)
             if r.model.losses:  # regularizers and add_loss, once per step (the same in every slot)
@@ -76,7 +81,7 @@ def replica_step(r: Replica, data: tuple, step, slot, touched: list | None = Non
         deltas = captured.deltas()
         if touched is not None:
             touched.extend(captured.touched)
-    grads = tape.gradient(scaled, variables)
+    grads = tape.gradient(scaled, [(reads or {}).get(i, v) for i, v in enumerate(variables)])
     if is_loss_scaled(r.optimizer):
         grads = r.optimizer.get_unscaled_gradients(grads)
     sparse = r.sparse if r.sparse is not None else (False,) * len(variables)

@@ -1,0 +1,189 @@
+"""The hybrid step's chief side (train.dense = "allreduce"): what it refuses, and the workers' copies.
+
+The model's variables stay where the "ps" mode puts them (on the ps), and so do the optimizer's: they
+are the one copy that checkpoints, evaluations and the export read. With "allreduce" each worker also
+holds its own copy of the dense (not row-sparse) trainable variables and of their optimizer's slots
+and step count (worker/replica/allreduce.py `WorkerCopy`, made from the ps's values, so a run resumes
+from any checkpoint), updates them itself with the step's exchanged mean, and after each block one
+worker writes its copies back to the ps (all copies are equal bit for bit). The tables keep their
+row-sparse pushes and their update on the ps.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import sys
+import threading
+import time
+
+import tensorflow as tf
+import tf_keras
+
+from chief.contract.framework import TF_KERAS, trainable_of
+from chief.contract.job import Job
+from chief.state.model_state import create_optimizer_slots
+from cluster.config import TrainConfig
+from cluster.errors import ConfigError
+from worker.ps.clipping import clipping_of
+from worker.replica.allreduce import WorkerCopy, places
+from worker.replica.replica import Replica
+
+FIX = 'or set train.dense = "ps"'
+COPIES_PAST = "dense copies past its step"  # in the re-run check's message (DenseCopies.check_step)
+# The chief's wait for a block never stops ticking; when it has not ticked this long, TF's recovery of a
+# lost worker holds the chief (seen once: its collectives' partner gone, the coordinator re-ran closures
+# without end while the chief's reads of the ps waited): the run ends rather than hang.
+WATCHDOG_S = 180.0
+
+
+def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str | None:
+    """Why this run cannot take the hybrid step exactly (one line naming the setting and the fix), or None."""
+    dense = [v for v, rows in zip(trainable_of(replica.model), replica.sparse, strict=True) if not rows]
+    optimizer = replica.optimizer
+    if train.total_num_replicas != train.replicas_to_aggregate:
+        return (
+            'train.dense = "allreduce" does not take backup workers yet: set train.total_num_replicas = '
+            f"replicas_to_aggregate, {FIX}"
+        )
+    if train.replicas_to_aggregate != workers:
+        return (
+            f'train.dense = "allreduce" needs one slot per worker: set train.replicas_to_aggregate = {workers} '
+            f"(the workers) or use {train.replicas_to_aggregate} workers, {FIX}"
+        )
+    if train.on_nonfinite != "stop":
+        return f'train.dense = "allreduce" keeps only train.on_nonfinite = "stop": set it, {FIX}'
+    if job.framework != TF_KERAS:
+        return f'train.dense = "allreduce" takes tf_keras models only (the job uses Keras 3): {FIX}'
+    if not dense:
+        return f'train.dense = "allreduce": the model has no dense trainable variable to replicate; {FIX}'
+    if sharded := [v.name for v in dense if "/part_" in v.name]:
+        return f'train.dense = "allreduce": the dense variable {sharded[0]} is sharded across ps tasks; use --ps 1, {FIX}'
+    if replica.state_variables:
+        return f'train.dense = "allreduce" does not keep forward-pass state (BatchNormalization) yet: {FIX}'
+    if type(optimizer).__module__.split(".")[0] != "tf_keras" or not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+        return f'train.dense = "allreduce" takes tf_keras.optimizers.* only (not legacy, loss-scaled or Keras 3 ones): {FIX}'
+    if clipping_of(optimizer).steps() or optimizer.weight_decay or optimizer.use_ema:
+        return f'train.dense = "allreduce" does not take clipping, weight_decay or use_ema yet: {FIX}'
+    try:
+        places(replica.model, dense)
+    except ValueError as e:
+        return f'train.dense = "allreduce": no layer holds {e} as an attribute (it cannot be replicated); {FIX}'
+    return None
+
+
+def refuse(job: Job, train: TrainConfig, replica: Replica, workers: int) -> None:
+    """Raise ConfigError (one line) if `refusal` finds a reason."""
+    if (why := refusal(job, train, replica, workers)) is not None:
+        raise ConfigError(why)
+
+
+def slot_lists(optimizer) -> list:
+    """The optimizer's per-variable slot lists (e.g. Adam's m and v), in a fixed order."""
+    count = len(optimizer._index_dict)
+    return [
+        value
+        for name, value in sorted(vars(optimizer).items())
+        if not name.startswith("_self_")
+        and name != "_variables"
+        and isinstance(value, list | tuple)
+        and len(value) == count
+        and all(isinstance(v, tf.Variable) for v in value)
+    ]
+
+
+class DenseCopies:
+    """The workers' copies of the dense variables and of their optimizer state (see the module)."""
+
+    def __init__(self, strategy, job: Job, state, replica: Replica, worker0: str):
+        """Copies of `replica`'s dense variables and a second optimizer from `job` over them; each is made
+        on the workers from its counterpart on the ps (the coordinator's instance of each lives on
+        `worker0`, not on the chief)."""
+        trainable = trainable_of(replica.model)
+        self.positions = [i for i, rows in enumerate(replica.sparse) if not rows]
+        self.originals = [trainable[i] for i in self.positions]
+        self.tables = [trainable[i] for i, rows in enumerate(replica.sparse) if rows]
+        made: list[WorkerCopy] = []
+
+        def creator(next_creator, **kwargs):
+            made.append(WorkerCopy(strategy, next_creator, **kwargs))
+            copy = made[-1]
+            copy._unique_id = f"pstrain_worker_copy_{len(made)}"
+            copy._constraint = None
+            return copy
+
+        with tf.device(worker0), tf.variable_creator_scope(creator):
+            self.copies = [tf.Variable(tf.zeros(v.shape, v.dtype), name=v.name.split(":")[0]) for v in self.originals]
+            for copy, original in zip(self.copies, self.originals, strict=True):
+                copy._constraint = original.constraint
+            self.optimizer = job.optimizer_fn()
+            create_optimizer_slots(self.optimizer, self.copies)
+            # The step the copies are at: a closure that ClusterCoordinator re-ran must not update them twice.
+            self.step = tf.Variable(state.global_step.read_value, dtype=tf.int64, trainable=False, name="pstrain_copies_step")
+        self.pairs = list(zip(self.copies, self.originals, strict=True))
+        main = state.optimizer
+        self.pairs.append((self.optimizer.iterations, main.iterations))
+        ours, theirs = slot_lists(self.optimizer), slot_lists(main)
+        for j, position in enumerate(self.positions):
+            self.pairs += [(mine[j], other[position]) for mine, other in zip(ours, theirs, strict=True)]
+        for copy, source in self.pairs:  # each worker's copy starts from the ps's value (made when first traced)
+            made_by = copy._var_creator
+            copy._var_creator = functools.partial(made_by.func, **{**made_by.keywords, "initial_value": source.read_value})
+        self.held = places(replica.model, self.originals)
+        self.group_key = random.randrange(1, 2**31)  # the workers' collective group, fresh for this chief
+        self.write_back = tf.function(self._write_back, autograph=False)
+
+    def _write_back(self) -> tf.Tensor:
+        """In a closure: this worker's copies written to the ps's variables."""
+        writes = [source.assign(copy.read_value()) for copy, source in self.pairs]
+        with tf.control_dependencies(writes):
+            return tf.constant(0)
+
+    def apply(self, step, means) -> tf.Tensor:
+        """In a replica context on a worker: `step`'s mean dense gradients applied to this worker's copies."""
+        applied = self.optimizer.apply_gradients(zip(means, self.copies, strict=True), experimental_aggregate_gradients=False)
+        with tf.control_dependencies([applied]):
+            return self.step.assign(step + 1)
+
+    def check_step(self, step) -> tf.Operation:
+        """In a closure, before `step` reads the copies: fails (one line, the run stops) unless this worker's
+        copies are at `step`, as after a closure re-run once its worker had updated them."""
+        return tf.debugging.assert_equal(
+            self.step.read_value(),
+            step,
+            message=f"train.dense = allreduce: a re-run closure found its worker's {COPIES_PAST}",
+        )
+
+
+def copies_past(error: Exception) -> str | None:
+    """The one line for a closure that stopped at `DenseCopies.check_step`, or None for another error."""
+    if COPIES_PAST not in str(error):
+        return None
+    return (
+        f'train.dense = "allreduce": a closure re-run after a worker failed found its worker\'s {COPIES_PAST}; '
+        "run the same command again to resume from the last checkpoint"
+    )
+
+
+class Watchdog:
+    """Ends the process (one line on stderr, exit 1) when armed and not ticked for `limit_s` seconds."""
+
+    def __init__(self, limit_s: float = WATCHDOG_S):
+        self.limit_s, self.armed, self.last = limit_s, False, time.monotonic()
+        threading.Thread(target=self._watch, name="pstrain-hybrid-watchdog", daemon=True).start()
+
+    def tick(self) -> None:
+        self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            if self.armed and time.monotonic() - self.last > self.limit_s:
+                sys.stderr.write(
+                    f'pstrain: error: train.dense = "allreduce": no progress for {self.limit_s:.0f}s (a worker failed or '
+                    "hangs and the collectives were not re-formed); run the same command again to resume from the "
+                    "last checkpoint\n"
+                )
+                sys.stderr.flush()
+                os._exit(1)

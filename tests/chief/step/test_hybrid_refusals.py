@@ -1,0 +1,82 @@
+"""What train.dense = "allreduce" refuses before the first step: each in one line naming the field and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+
+from chief.contract.job import load_job
+from chief.state.model_state import build_state
+from chief.step.hybrid import copies_past, refusal
+from cluster.config import TrainConfig
+from worker.replica.gradients import sparse_variables
+from worker.replica.replica import Replica
+
+pytestmark = pytest.mark.pure
+
+TRAIN = TrainConfig(
+    job="tests.jobs.hybrid:adam", global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2, dense="allreduce"
+)
+
+
+def replica(job_name: str = "tests.jobs.hybrid:adam") -> tuple:
+    """(the job, its Replica as an engine builds it: the model, optimizer and row-sparse variables)."""
+    job = load_job(job_name)
+    features = {name: column[:2] for name, column in job.train_data()[0].items()}
+    state = build_state(job, 0, features)
+    return job, Replica(job, state.model, state.optimizer, (), 0, 2, tuple(sparse_variables(state.model, features)))
+
+
+@pytest.fixture(scope="module")
+def adam():
+    return replica()
+
+
+def test_the_small_exact_path_is_taken(adam):
+    job, r = adam
+    assert refusal(job, TRAIN, r, workers=2) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "workers", "says"),
+    [
+        ({"total_num_replicas": 3}, 2, "backup workers"),
+        ({}, 3, "one slot per worker: set train.replicas_to_aggregate = 3"),
+        ({"on_nonfinite": "skip"}, 2, 'train.on_nonfinite = "stop"'),
+    ],
+    ids=["backup-workers", "slots-not-workers", "skip"],
+)
+def test_settings_it_cannot_keep_exact_are_refused(adam, change, workers, says):
+    job, r = adam
+    why = refusal(job, dataclasses.replace(TRAIN, **change), r, workers)
+    assert why is not None and says in why and 'train.dense = "ps"' in why and "\n" not in why
+
+
+@pytest.mark.parametrize(("name", "says"), [("clipped", "clipping"), ("legacy", "tf_keras.optimizers.* only")])
+def test_optimizers_it_cannot_replicate_are_refused(name, says):
+    job, r = replica(f"tests.jobs.hybrid:{name}")
+    why = refusal(job, TRAIN, r, workers=2)
+    assert why is not None and says in why and 'train.dense = "ps"' in why
+
+
+def test_forward_pass_state_and_a_model_without_dense_variables_are_refused(adam):
+    job, r = adam
+    why = refusal(job, TRAIN, dataclasses.replace(r, state_variables=(tf.Variable(0.0),)), workers=2)
+    assert why is not None and "BatchNormalization" in why
+    tables_only = dataclasses.replace(r, sparse=tuple(True for _ in r.sparse))
+    why = refusal(job, TRAIN, tables_only, workers=2)
+    assert why is not None and "no dense trainable variable" in why
+
+
+def test_the_copies_step_check_is_said_in_one_line_and_other_errors_are_left_alone():
+    error = tf.errors.InvalidArgumentError(
+        None,
+        None,
+        "assertion failed: [train.dense = allreduce: a re-run closure found its worker\\'s dense copies past its step]",
+    )
+    line = copies_past(error)
+    assert line is not None and line.startswith('train.dense = "allreduce"') and "run the same command again" in line
+    assert "\n" not in line
+    assert copies_past(tf.errors.InvalidArgumentError(None, None, "shapes differ")) is None

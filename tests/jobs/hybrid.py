@@ -1,0 +1,42 @@
+"""Jobs for the hybrid step (train.dense = "allreduce"): the small recommender with tf_keras's new-style
+optimizers, whose dense tower the workers replicate while its tables stay on the ps; and refused forms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tf_keras
+
+from chief.jobs.recommender import Recommender
+
+
+@dataclass(frozen=True)
+class WithOptimizer(Recommender):
+    optimizer: str = "adam"
+    tower: int = 0  # > 0: two hidden layers of this width (a dense tower of about tower**2 parameters)
+
+    def model_fn(self) -> tf_keras.Model:
+        model = super().model_fn()
+        if not self.tower:
+            return model
+        hidden = model.layers[-2].input  # the tables' concatenated outputs (the input of the 64-unit layer)
+        for _ in range(2):
+            hidden = tf_keras.layers.Dense(self.tower, activation="relu")(hidden)
+        return tf_keras.Model(model.inputs, tf_keras.layers.Dense(2)(hidden))
+
+    def optimizer_fn(self):
+        if self.optimizer == "momentum":
+            return tf_keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        if self.optimizer == "clipped":
+            return tf_keras.optimizers.Adam(learning_rate=0.01, clipnorm=1.0)
+        if self.optimizer == "legacy":
+            return tf_keras.optimizers.legacy.Adam(learning_rate=0.01)
+        return tf_keras.optimizers.Adam(learning_rate=0.01)
+
+
+SIZES = dict(users=20_000, items=2_000, dim=8, examples=4_096, eval_examples=1_024)
+adam = WithOptimizer(**SIZES)
+momentum = WithOptimizer(**SIZES, optimizer="momentum")
+clipped = WithOptimizer(**SIZES, optimizer="clipped")
+legacy = WithOptimizer(**SIZES, optimizer="legacy")
+tower = WithOptimizer(**SIZES, tower=1024)  # 1.1 M dense parameters: a timing of "ps" against "allreduce"

@@ -1,0 +1,133 @@
+"""The hybrid step (train.dense = "allreduce") on a real local cluster, against the standalone reference."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain
+from tests.jobs import hybrid
+from tests.soak import compare_checkpoints
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 30
+
+
+def standalone(tmp_path, job: str, steps: int = STEPS):
+    reference = tmp_path / "standalone"
+    result = run_pstrain(["train", "--standalone", "--job", job, "--steps", str(steps), "--run-dir", str(reference)])
+    assert result.returncode == 0, result.output
+    return reference
+
+
+def assert_same_run(run_dir, reference, features) -> None:
+    """The final checkpoint (model, optimizer slots and step count), every step's loss and the exported
+    model's predictions are those of the standalone run, bit for bit."""
+    largest, different = compare_checkpoints(run_dir, reference)
+    assert different == [] and largest == 0.0, (largest, different)
+    assert [s["loss"] for s in metrics(run_dir)[0]] == [s["loss"] for s in metrics(reference)[0]]
+    np.testing.assert_array_equal(predictions(run_dir, features), predictions(reference, features))
+
+
+@pytest.mark.parametrize(
+    ("job", "flags"),
+    [("adam", []), ("momentum", ["--ps", "2", "--steps-per-execution", "1"])],
+    ids=["adam-default-K", "momentum-2ps-K1"],
+)
+def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, flags):
+    """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process."""
+    name = f"tests.jobs.hybrid:{job}"
+    run_dir = tmp_path / "run"
+    result = run_pstrain(
+        ["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags]
+    )
+    assert result.returncode == 0, result.output
+    assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
+    assert_no_orphans(result)
+
+
+def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
+    """Checkpoints hold one full-size copy of the dense variables and their optimizer state, as "ps"
+    does: 10 steps with "ps", 10 more with "allreduce", 10 more with "ps" end where one process ends."""
+    name, run_dir = "tests.jobs.hybrid:adam", tmp_path / "run"
+    for steps, dense in ((10, "ps"), (20, "allreduce"), (30, "ps")):
+        result = run_pstrain(["launch", "--job", name, "--dense", dense, "--steps", str(steps), "--run-dir", str(run_dir)])
+        assert result.returncode == 0, result.output
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name))
+    assert different == [] and largest == 0.0, (largest, different)
+
+
+@pytest.mark.parametrize(
+    ("sig", "flags"), [(signal.SIGKILL, []), (signal.SIGSTOP, ["--steps-per-execution", "1"])], ids=["killed", "hung-K1"]
+)
+def test_a_lost_worker_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(tmp_path, sig, flags):
+    """A worker killed (or hung, with one step per block) mid-run aborts the survivors' collectives for
+    good (../shared/notes/hybrid.md): the run stops with one line naming train.dense, every process
+    reaped, never a hang; running the same command again starts every worker afresh, resumes from the
+    last checkpoint and ends with the standalone model."""
+    name, run_dir, killed = "tests.jobs.hybrid:adam", tmp_path / "run", []
+    args = [
+        "launch",
+        "--job",
+        name,
+        "--dense",
+        "allreduce",
+        "--steps",
+        "120",
+        "--checkpoint-every",
+        "25",
+        "--run-dir",
+        str(run_dir),
+        *flags,
+    ]
+    first = run_pstrain(args, signal_when=kill_task_when(run_dir, "worker", 1, 40, killed, sig), send=None, timeout=400)
+    assert killed
+    assert first.returncode != 0, first.output
+    errors = [line for line in first.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1 and 'train.dense = "allreduce"' in errors[0], first.output
+    assert "Traceback" not in first.output
+    assert_no_orphans(first)
+    second = run_pstrain(args, timeout=400)
+    assert second.returncode == 0, second.output
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=120))
+    assert different == [] and largest == 0.0, (largest, different)
+    assert_no_orphans(second)
+
+
+def test_a_refused_setting_stops_the_launch_in_one_line_before_any_step(tmp_path):
+    """Backup workers with "allreduce": one line naming train.dense and the fix, exit 2, no step, no process left."""
+    run_dir = tmp_path / "run"
+    args = ["launch", "--job", "tests.jobs.hybrid:adam", "--dense", "allreduce", "--steps", "5", "--run-dir", str(run_dir)]
+    result = run_pstrain([*args, "--total-num-replicas", "3"])
+    assert result.returncode == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1 and "backup workers" in errors[0] and 'train.dense = "ps"' in errors[0], result.output
+    assert "Traceback" not in result.output and not metrics(run_dir)[0]
+    assert_no_orphans(result)
+
+
+def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exactly(tmp_path):
+    """SIGTERM while a block of K = 64 runs: the ps ends it at a step boundary, the workers update their
+    copies only for steps the ps applied, the checkpoint holds them, and the same command resumes to
+    the standalone model bit for bit."""
+    name, steps, run_dir = "tests.jobs.hybrid:adam", 256, tmp_path / "run"
+    args = ["launch", "--job", name, "--dense", "allreduce", "--steps", str(steps), "--checkpoint-every", "0"]
+    args += ["--steps-per-execution", "64", "--run-dir", str(run_dir)]
+    metrics_file = run_dir / "metrics.jsonl"
+
+    def second_block_running() -> bool:
+        return metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2  # step 0, then block 1..64
+
+    first = run_pstrain(args, signal_when=second_block_running, send=signal.SIGTERM)
+    assert first.returncode == 128 + signal.SIGTERM, first.output
+    assert 0 < len(metrics(run_dir)[0]) < steps
+    assert_no_orphans(first)
+    second = run_pstrain(args)
+    assert second.returncode == 0, second.output
+    assert [r["step"] for r in metrics(run_dir)[0]] == list(range(steps))
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=steps))
+    assert different == [] and largest == 0.0, (largest, different)
+    assert_no_orphans(second)

@@ -1,0 +1,69 @@
+"""Run by tests/worker/replica/test_allreduce.py in a process of its own: 3 workers (in-process TF servers)
+exchange gradients whose sum depends on the order of addition, with slots assigned against the
+workers' ranks (slot = (rank + 1) % 3); prints, as JSON, what each closure got and the references."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import tensorflow as tf
+
+from chief.step.rounding import same_rounding_everywhere
+from worker.replica.allreduce import exchanged_mean
+from worker.replica.gradients import mean_of_slots
+
+WORKERS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    same_rounding_everywhere()  # as every engine (chief/step/rounding.py)
+    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(WORKERS)], "ps": [f"127.0.0.1:{free_port()}"]}
+    spec = tf.train.ClusterSpec(cluster)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=16)
+    servers = [
+        tf.distribute.Server(spec, job_name=j, task_index=i, config=config) for j in cluster for i in range(len(cluster[j]))
+    ]
+    strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    rng = np.random.default_rng(0)
+    # Two large gradients that cancel and a small one: in float32 the sum rounds differently in another order.
+    scales = [(1e8, 100.0), (-1e8, 100.0), (0.0, 10.0)]
+    grads = [(big + spread * rng.normal(size=[4096])).astype(np.float32) for big, spread in scales]
+    table = tf.constant(np.stack(grads))
+
+    @tf.function(autograph=False)
+    def closure():
+        rank = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
+        slot = (rank + 1) % WORKERS
+        mean = exchanged_mean(slot, [tf.gather(table, slot)], WORKERS, group_key=1)[0]
+        return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), mean
+
+    results = [coordinator.schedule(closure) for _ in range(WORKERS)]
+    coordinator.join()
+    got = [r.fetch() for r in results]
+    # The standalone engine's mean (traced, as its step is: a graph may round an add_n unlike an eager one).
+    standalone = tf.function(lambda *slots: mean_of_slots([[g] for g in slots], WORKERS)[0], autograph=False)
+    in_slot_order = standalone(*grads).numpy()
+    in_rank_order = standalone(*(grads[(r + 1) % WORKERS] for r in range(WORKERS))).numpy()
+    print(
+        json.dumps(
+            {
+                "ranks_slots": [g[0].tolist() for g in got],
+                "equal_to_slot_order": [bool(np.array_equal(g[1], in_slot_order)) for g in got],
+                "rank_order_differs": bool(not np.array_equal(in_rank_order, in_slot_order)),
+            }
+        )
+    )
+    del servers
+
+
+if __name__ == "__main__":
+    main()

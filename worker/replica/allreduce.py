@@ -1,0 +1,128 @@
+"""The hybrid step's worker side (train.dense = "allreduce"): dense variables replicated on the workers.
+
+- `WorkerCopy`: a ParameterServerStrategy per-worker variable whose handle is one placeholder per traced
+  graph, so TF orders the reads and writes of one step (an optimizer reads a slot after updating it).
+  TF's own PerWorkerVariable makes a new placeholder at each use, which leaves them unordered: measured,
+  an Adam step then read stale slots and the workers' copies drifted apart.
+- `exchanged_mean`: each slot's dense gradients gathered among the workers (CollectiveGatherV2, with the
+  slot), put in slot order and averaged with the ops the ps's mean uses (add_n of the slots, then / N):
+  bit for bit the standalone mean whatever the worker order. A ring all-reduce adds in the ring's order,
+  which for 3+ workers is not the slot order (../shared/notes/hybrid.md, Q3).
+- `reading`: the model's dense variables read as given tensors (the step's reads of the worker's copies)
+  while a step is traced, so the gradients are taken for those tensors.
+- `hybrid_step` and `apply_after_gate`: what worker/replica/loop.py runs per step in this mode: the
+  slot's step on the copies and the exchange, then the copies' update once the ps applied the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import tensorflow as tf
+from tensorflow.python.distribute import ps_values
+from tensorflow.python.eager import context
+from tensorflow.python.framework import func_graph, ops
+from tensorflow.python.saved_model import save_context
+
+from worker.replica.replica import replica_step
+
+# A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
+# fails after this many seconds instead of waiting for ever (timeout 0).
+COLLECTIVE_TIMEOUT_S = 60.0
+# The exchange's own instance keys; the group key is the caller's (a fresh one per chief incarnation: a
+# group that outlives a restarted task refuses it, "current incarnation doesn't match").
+_SLOTS_KEY, _VALUES_KEY = 1, 2
+
+
+class WorkerCopy(ps_values.PerWorkerVariable):
+    """A per-worker variable read and written through one handle per traced graph (see the module)."""
+
+    @property
+    def handle(self):
+        if context.executing_eagerly() or save_context.in_save_context():
+            return self._coordinator_instance.handle
+        self._maybe_create_per_worker_vars()
+        closure, spec = self.handle_call_time_value()
+        # Captured in the outermost function (the closure), which alone is fed at call time; a branch or
+        # loop body inside it captures that tensor as any other (a call-time capture made in a cond's
+        # branch is never fed: "You must feed a value for placeholder tensor ... with dtype resource").
+        graph = ops.get_default_graph()
+        while isinstance(getattr(graph, "outer_graph", None), func_graph.FuncGraph):
+            graph = graph.outer_graph
+        with graph.as_default():
+            return graph.capture_call_time_value(closure, spec, key=("pstrain_worker_copy", id(self)))
+
+
+def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: int) -> list[tf.Tensor]:
+    """The mean over all `num_slots` slots (one per worker) of each dense gradient in `grads`, this
+    slot's own included, summed in slot order as the aggregator sums them; every worker gets the same
+    values. One gather for all variables (flattened into one row per worker)."""
+    flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)[tf.newaxis]
+    common = dict(group_size=num_slots, group_key=group_key, ordering_token=[], timeout_seconds=COLLECTIVE_TIMEOUT_S)
+    slots = tf.raw_ops.CollectiveGatherV2(input=tf.reshape(tf.cast(slot, tf.int32), [1]), instance_key=_SLOTS_KEY, **common)
+    with tf.control_dependencies([slots]):  # one collective at a time: their order is the same on every worker
+        rows = tf.raw_ops.CollectiveGatherV2(input=flat, instance_key=_VALUES_KEY, **common)
+    rows = tf.gather(rows, tf.argsort(slots))  # row k: slot k's gradients
+    means, start = [], 0
+    for g in grads:
+        size = g.shape.num_elements()
+        parts = [tf.reshape(rows[k, start : start + size], g.shape) for k in range(num_slots)]
+        means.append(tf.add_n(parts) / tf.cast(num_slots, g.dtype))
+        start += size
+    return means
+
+
+def places(model, variables: Sequence[tf.Variable]) -> list[tuple[object, str, int]]:
+    """(layer, attribute, index into `variables`) for every layer attribute that holds one of `variables`;
+    raises ValueError naming a variable no layer holds as a plain attribute."""
+    wanted = {id(v): i for i, v in enumerate(variables)}
+    found = [
+        (layer, name, wanted[id(value)])
+        for layer in model._flatten_layers(include_self=True)
+        for name, value in vars(layer).items()
+        if id(value) in wanted
+    ]
+    missing = set(range(len(variables))) - {i for _, _, i in found}
+    if missing:
+        raise ValueError(variables[min(missing)].name)
+    return found
+
+
+@contextlib.contextmanager
+def reading(held: Sequence[tuple[object, str, int]], values: Sequence[tf.Tensor]) -> Iterator[None]:
+    """While tracing: the layers in `held` (from `places`) see `values` in place of their variables.
+    Set past Keras's attribute tracking, so the model's lists of weights do not change."""
+    saved = [(layer, name, vars(layer)[name]) for layer, name, _ in held]
+    try:
+        for layer, name, i in held:
+            object.__setattr__(layer, name, values[i])
+        yield
+    finally:
+        for layer, name, value in saved:
+            object.__setattr__(layer, name, value)
+
+
+def hybrid_step(replica, dense, batch, step, slot) -> tuple[list, list]:
+    """One slot's step on this worker's copies (`dense`: chief/step/hybrid.py DenseCopies), the mean dense
+    gradient exchanged among the workers. Returns what to push to the ps (the loss, NaN where the dense
+    mean is not finite, so the ps withholds the step; the tables' gradients) and the dense means."""
+    with tf.control_dependencies([dense.check_step(step)]):
+        values = [copy.read_value() for copy in dense.copies]
+    with reading(dense.held, values):
+        loss, grads, _ = replica_step(replica, batch, step, slot, reads=dict(zip(dense.positions, values, strict=True)))
+    means = exchanged_mean(slot, [grads[i] for i in dense.positions], replica.num_slots, dense.group_key)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in means])
+    loss = loss + tf.where(finite, tf.constant(0.0, loss.dtype), tf.constant(float("nan"), loss.dtype))
+    return [loss, *(g for i, g in enumerate(grads) if i not in dense.positions)], means
+
+
+def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) -> tf.Tensor:
+    """Once `pushed` (after this slot's pushes) and the ps applied `step` (the gate opened the next one),
+    the same update of this worker's copies; nothing where the ps did not apply it (withheld, stopped)."""
+    with tf.control_dependencies([pushed]):
+        applied = tf.equal(gate.wait(step + 1, global_step), step + 1)
+    # The optimizer's update in a replica context of its own, entered inside the branch (a merge_call
+    # must not cross into a branch).
+    update = lambda: tf.identity(strategy.run(dense.apply, args=(step, means)) > 0)  # noqa: E731
+    return tf.cond(applied, update, lambda: tf.constant(False))
