@@ -4,6 +4,7 @@ directory is made by cluster/rundir.py (RunDir). Read from the source of chief/,
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -29,12 +30,11 @@ ENTRY_POINTS = {
     "chief/jobs/digits_files.py",
     "chief/jobs/digits_records.py",
 }
-# An environment read (os.environ/environ .get, [...], `in`; another process's, through psutil's
-# Process.environ(); a mapping's env.get; getenv) naming PSTRAIN_*, TF_CONFIG or a *_ENV name.
-NAME = r"""(?:["'](?:PSTRAIN_\w+|TF_CONFIG|CUDA_VISIBLE_DEVICES)["']|\b[A-Z_]+_ENV\b)"""
-ENV_READ = re.compile(
-    rf"""(?:\benviron\w*(?:\(\))?(?:\.get|\.pop)?\s*[(\[]\s*{NAME}|\benv\.(?:get|pop)\s*\(\s*{NAME}|\bgetenv\s*\(\s*{NAME}|{NAME}\s+(?:not\s+)?in\s+(?:[\w.]+\.)?environ\b)"""
-)
+# An environment read (os.environ/environ .get, .pop, [...], `in`; another process's, through psutil's
+# Process.environ(); a mapping's env.get; getenv) naming PSTRAIN_*, TF_CONFIG or a *_ENV name: found in
+# the syntax tree (`env_reads`), so strings, comments and line breaks neither hide one nor make one.
+ENV_NAME = re.compile(r"^(?:PSTRAIN_\w+|TF_CONFIG|CUDA_VISIBLE_DEVICES)$")
+ENV_CONSTANT = re.compile(r"^[A-Z_]+_ENV$")
 RUN_DIR_JOIN = re.compile(r"\brun_dir\s*/(?!/)")
 
 
@@ -43,13 +43,52 @@ def offences(text: str, pattern: re.Pattern) -> list[str]:
     return [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if pattern.search(line.split("#")[0])]
 
 
-def scan(pattern: re.Pattern, owners: set[str]) -> list[str]:
+def names_variable(node: ast.AST) -> bool:
+    """Whether `node` names a variable of the owned contracts: a literal PSTRAIN_*, TF_CONFIG or
+    CUDA_VISIBLE_DEVICES, or a constant named *_ENV."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return bool(ENV_NAME.match(node.value))
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return bool(ENV_CONSTANT.match(name))
+
+
+def is_environ(node: ast.AST) -> bool:
+    """Whether `node` is an environment mapping: `environ*`, `x.environ*`, or a call of one (`p.environ()`)."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name.startswith("environ")
+
+
+def env_reads(text: str) -> list[str]:
+    """`N: source` of each environment read in `text` naming an owned variable (see ENV_NAME)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        read = False
+        if isinstance(node, ast.Subscript):
+            read = is_environ(node.value) and names_variable(node.slice)
+        elif isinstance(node, ast.Call) and node.args and names_variable(node.args[0]):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("get", "pop"):
+                read = is_environ(func.value) or (isinstance(func.value, ast.Name) and func.value.id == "env")
+            else:
+                read = (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) == "getenv"
+        elif isinstance(node, ast.Compare) and names_variable(node.left):
+            pairs = zip(node.ops, node.comparators, strict=True)
+            read = any(isinstance(op, ast.In | ast.NotIn) and is_environ(c) for op, c in pairs)
+        if read:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def scan(find, owners: set[str]) -> list[str]:
+    """`find(text)` over every module of PACKAGES but `owners`, as `module:N: source`."""
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             name = path.relative_to(ROOT).as_posix()
             if name not in owners:
-                found += [f"{name}:{line}" for line in offences(path.read_text(), pattern)]
+                found += [f"{name}:{line}" for line in find(path.read_text())]
     return found
 
 
@@ -58,23 +97,29 @@ def test_the_scans_see_what_they_look_for():
         'os.environ.get("PSTRAIN_READ_AHEAD", "1")',
         'os.environ["TF_CONFIG"]',
         "environ.get(CONTROL_ENV)",
-        "if TOKEN_ENV in os.environ:",
+        "if TOKEN_ENV in os.environ:\n    pass",
         "os.getenv('PSTRAIN_RUN_DIR')",
         'os.environ.pop("TF_CONFIG", None)',
         'text = env.get("PSTRAIN_GPU_MEMORY_MB", "")',
         'config = process.environ().get("TF_CONFIG")',
         '"TF_CONFIG" in p.environ()',
         'os.environ.get("CUDA_VISIBLE_DEVICES")',
+        'value = os.environ.get(\n    "TF_CONFIG",\n)',  # across lines: a line scan missed this
     ]
-    assert all(offences(line, ENV_READ) for line in reads), [line for line in reads if not offences(line, ENV_READ)]
-    fine = ["env[TF_CONFIG_ENV] = text", 'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")', "# os.environ['TF_CONFIG']"]
-    assert not any(offences(line, ENV_READ) for line in fine)
+    assert all(env_reads(line) for line in reads), [line for line in reads if not env_reads(line)]
+    fine = [
+        "env[TF_CONFIG_ENV] = text",
+        "print(\"os.environ['TF_CONFIG']\")",  # a string that quotes a read is not one
+        'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")',
+        "# os.environ['TF_CONFIG']",
+    ]
+    assert not any(env_reads(line) for line in fine)
     assert offences('path = run_dir / "saved_model"', RUN_DIR_JOIN) and offences("run_dir/'data'", RUN_DIR_JOIN)
     assert not offences("run_dir.saved_model, self.run_dir_path", RUN_DIR_JOIN)
 
 
 def test_only_the_owners_read_pstrain_variables_and_tf_config():
-    found = scan(ENV_READ, ENV_OWNERS)
+    found = scan(env_reads, ENV_OWNERS)
     assert not found, "read outside cluster/taskenv.py and cluster/tfconfig.py: " + "; ".join(found)
 
 
@@ -82,8 +127,6 @@ def test_only_entry_points_read_the_task_environment_and_the_switches():
     """TaskEnv.from_env(), Switches.from_env() and gpu_visibility() are read where a process starts (its
     entry point, or the owner's own helpers) and passed on: a read deep inside (the dispatch, the trainer)
     hides what a module depends on."""
-    import ast
-
     call = re.compile(r"^(?:TaskEnv\.from_env|Switches\.from_env|gpu_visibility)$")
     found = []
     for package in PACKAGES:
@@ -98,7 +141,7 @@ def test_only_entry_points_read_the_task_environment_and_the_switches():
 
 
 def test_only_rundir_makes_run_dir_paths():
-    found = scan(RUN_DIR_JOIN, RUN_DIR_OWNERS)
+    found = scan(lambda text: offences(text, RUN_DIR_JOIN), RUN_DIR_OWNERS)
     assert not found, "run-dir paths made outside cluster/rundir.py (add a RunDir property): " + "; ".join(found)
 
 
@@ -117,8 +160,6 @@ RUN_DIR_BUILDERS = {
 
 def test_no_new_module_builds_its_own_run_dir():
     """Read by AST: a call of RunDir (or rundir.RunDir) anywhere in a module, inside functions included."""
-    import ast
-
     builders = set()
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -139,8 +180,6 @@ CHECKPOINT_NAME = re.compile(r"ckpt")
 def checkpoint_name_makers(source: str) -> list[str]:
     """The lines of `source` whose code (a string or f-string, a pattern; not a docstring or a comment)
     names a checkpoint file `ckpt...`: what builds or parses the name. Read by AST."""
-    import ast
-
     tree = ast.parse(source)
     docstrings = {
         id(node.body[0].value)
