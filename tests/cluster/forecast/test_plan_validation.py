@@ -55,9 +55,20 @@ def test_plan_interrupted_mid_measurement_stops_and_reaps_its_run():
 
 
 def test_plan_of_a_job_whose_run_fails_says_so_in_one_line():
-    result = run_pstrain(["plan", "--job", "tests.jobs.broken:Raises", "--measure-steps", "200"], timeout=120)
+    # The model builds (plan reads its variables before measuring), then the measured run fails tracing the loss.
+    result = run_pstrain(["plan", "--job", "tests.jobs.broken:LossRaises", "--measure-steps", "200"], timeout=120)
     assert result.returncode == 2, result.output
     last = result.output.strip().splitlines()[-1]
     assert last == "pstrain: error: pstrain plan: the measured run (1 workers, 1 ps) exited with 2; --log FILE keeps its output"
     assert "Traceback" not in result.output
+    assert_no_orphans(result)
+
+
+def test_plan_of_a_job_whose_model_cannot_be_built_says_so_before_measuring():
+    result = run_pstrain(["plan", "--job", "tests.jobs.broken:Raises", "--measure-steps", "200"], timeout=120)
+    assert result.returncode == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    expected = "pstrain: error: pstrain plan: could not build tests.jobs.broken:Raises's model: "
+    expected += "ValueError: layer sizes must be positive"
+    assert last == expected and "measuring" not in result.output and "Traceback" not in result.output
     assert_no_orphans(result)
