@@ -282,8 +282,9 @@ def check_compatible(previous: dict[str, Any], train: TrainConfig) -> None:
             )
 
 
-def prepare(layout: RunDir, record: dict[str, Any], train: TrainConfig) -> None:
-    """Create the layout and write cluster.json, after checking any earlier run there."""
+def check_earlier_run(layout: RunDir, train: TrainConfig) -> None:
+    """ConfigError (one line) when `layout` holds an earlier run written with other result-deciding
+    settings: a launch asks this before it starts anything, and `prepare` again under the run dir's lock."""
     path = layout.config_record
     if path.exists():
         try:
@@ -291,6 +292,12 @@ def prepare(layout: RunDir, record: dict[str, Any], train: TrainConfig) -> None:
         except ValueError:
             raise ConfigError(f"--run-dir: {path} is not valid JSON; use a new --run-dir") from None
         check_compatible(previous, train)
+
+
+def prepare(layout: RunDir, record: dict[str, Any], train: TrainConfig) -> None:
+    """Create the layout and write cluster.json, after checking any earlier run there."""
+    path = layout.config_record
+    check_earlier_run(layout, train)
     for sub in (layout.logs, layout.checkpoints):
         sub.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

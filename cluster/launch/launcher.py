@@ -120,6 +120,7 @@ def launch(
     cluster = assign_ports(config.cluster, local)
     creds = credentials(cluster, generate=True)
     check_writable(layout)  # before any task starts
+    rundir.check_earlier_run(layout, config.train)  # before the namespace's maker or any task starts
     # The stop trap first: a Ctrl-C from here on is a stop said in one line, not a KeyboardInterrupt.
     with StopTrap() as stop, RunDirLock(layout, "pstrain launch") as lock:  # before anything is written there
         with closed(cluster, local_tasks, lock.run_dir, ports_here(cluster, local, local_tasks), where) as doors:
