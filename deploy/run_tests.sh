@@ -17,10 +17,16 @@ for arg in "$@"; do
     -k | -k?* | --keyword*) filtered=1 ;;
   esac
 done
+# The cluster tier runs its files in 2 processes (pytest-xdist, one file per process at a time): its tests
+# wait on processes and timeouts for about a third of their time, so 2 cores overlap them. PSTRAIN_TEST_WORKERS=0
+# runs it in one process. Each test still starts its own cluster on free ports, and reaps it.
+workers="${PSTRAIN_TEST_WORKERS:-2}"
 for tier in pure inprocess cluster netns; do
   echo "pstrain: tests of tier $tier"
   code=0
-  python -m pytest tests -m "$tier" "$@" || code=$?
+  spread=()
+  if [ "$tier" = cluster ] && [ "$workers" != 0 ]; then spread=(-n "$workers" --dist loadfile); fi
+  python -m pytest tests -m "$tier" "${spread[@]}" "$@" || code=$?
   if [ "$code" = 5 ] && [ "$filtered" = 0 ]; then
     echo "pstrain: error: no test of tier $tier was collected (pytest exit 5); later tiers not run" >&2
     exit 5
