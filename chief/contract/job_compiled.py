@@ -28,7 +28,6 @@ from chief.contract.framework import (
     is_optimizer,
     refuse_keras3_features,
 )
-from chief.contract.keras3_lookup import route_lookups
 from cluster.errors import JobError
 
 LOSS_FORMS = "a function, a tf_keras.losses.Loss or keras.losses.Loss, a loss name, or a list/dict of those per output"
@@ -170,6 +169,8 @@ def job_parts(spec: str, target: Any) -> dict[str, Any]:
     refuse_custom_steps(spec, model, framework)
     if framework == KERAS3:
         refuse_keras3_features(spec, model, optimizer)
+        from chief.contract.keras3_lookup import route_lookups  # TensorFlow: not on a refused launch's path
+
         route_lookups()  # its Embedding gathers on the ps, not after a read of the whole table
     check_loss(f"--job {spec}: {parts['loss_name']}", loss_fn, framework)
     if loss_weights is not None:
