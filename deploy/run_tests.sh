@@ -24,9 +24,17 @@ workers="${PSTRAIN_TEST_WORKERS:-2}"
 for tier in pure inprocess cluster netns; do
   echo "pstrain: tests of tier $tier"
   code=0
-  spread=()
-  if [ "$tier" = cluster ] && [ "$workers" != 0 ]; then spread=(-n "$workers" --dist loadfile); fi
-  python -m pytest tests -m "$tier" "${spread[@]}" "$@" || code=$?
+  if [ "$tier" = cluster ] && [ "$workers" != 0 ]; then
+    # Tests that measure time (marker `alone`) run after the rest, in one process, with nothing beside them.
+    python -m pytest tests -m "$tier and not alone" -n "$workers" --dist loadfile "$@" || code=$?
+    if [ "$code" = 0 ] || [ "$code" = 5 ]; then
+      later=0
+      python -m pytest tests -m "$tier and alone" "$@" || later=$?
+      if [ "$later" != 5 ]; then code=$later; fi
+    fi
+  else
+    python -m pytest tests -m "$tier" "$@" || code=$?
+  fi
   if [ "$code" = 5 ] && [ "$filtered" = 0 ]; then
     echo "pstrain: error: no test of tier $tier was collected (pytest exit 5); later tiers not run" >&2
     exit 5

@@ -20,6 +20,7 @@ JOB, BATCH, STEPS = "chief.jobs.digits", 64, 300
 TOLERANCE = 0.25
 
 
+@pytest.mark.alone  # its measured steps must not share the cores with another test's cluster
 def test_plan_predicts_the_measured_step_within_a_quarter():
     args = ["plan", "--job", JOB, "--global-batch-size", str(BATCH), "--measure-steps", str(STEPS)]
     result = run_pstrain([*args, "--workers", "4", "--ps", "1,2", "--cores", "here", "--bandwidth", "loopback"], timeout=400)
