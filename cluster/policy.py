@@ -101,3 +101,36 @@ def silent_task_decision(started_here: bool, running: bool) -> Kill | EndRun | N
     if started_here:
         return Kill() if running else None
     return EndRun()
+
+
+@dataclass(frozen=True)
+class ReformWorkers:
+    """Restart every worker, then the chief, which resumes from its checkpoint with a fresh collective group."""
+
+
+@dataclass(frozen=True)
+class CannotReform:
+    """End the run: `reason` says why, and how to resume."""
+
+    reason: str
+
+
+def collectives_decision(dense: str, workers: int, workers_here: int) -> ReformWorkers | CannotReform | None:
+    """A worker was lost, or the chief is to restart: what the other workers need (`train.dense`, the
+    cluster's `workers`, and how many of them this launcher started).
+
+    With "ps" nothing (None): ClusterCoordinator re-runs a lost worker's closures elsewhere, and a restarted
+    chief reconnects to the running workers. With "allreduce" one lost worker aborts every survivor's
+    collectives for good, in that process (../shared/notes/hybrid.md), and a restarted chief's collectives
+    would meet them there: every worker restarts first, then the chief (ReformWorkers). Only a launcher
+    that started every worker can do that; else the run ends (CannotReform), and the same command on every
+    machine resumes it from the checkpoint.
+    """
+    if dense != "allreduce":
+        return None
+    if workers_here == workers:
+        return ReformWorkers()
+    return CannotReform(
+        f'train.dense = "allreduce" forms its collectives again only among fresh workers, and {workers - workers_here} '
+        f"of the {workers} workers run on other machines; run the same command on every machine again"
+    )

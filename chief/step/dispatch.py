@@ -27,10 +27,10 @@ from chief.state.model_state import allow_loss_scaling_under_ps, build_state
 from chief.state.sharding import partitioner
 from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
-from chief.step.hybrid import DenseCopies, Watchdog, copies_past, refuse
+from chief.step.hybrid import DenseCopies, Watchdog, collectives_lost, refuse
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
-from cluster.errors import TrainingError, user_error
+from cluster.errors import RestartableError, user_error
 from cluster.tfconfig import training_resolver
 from worker.input.readahead import ReadAhead, schedule_order
 from worker.input.sources import Source
@@ -198,8 +198,8 @@ class ClusterEngine:
                 if len(block) < size or withheld or interrupted():
                     break  # interrupted, or a step withheld under "stop": the caller checkpoints and stops
         except tf.errors.OpError as e:  # a worker's data missing or different, or the job's code failing: one line
-            if self.dense is not None and (line := copies_past(e)):
-                raise TrainingError(line) from e
+            if self.dense is not None and (why := collectives_lost(e)):
+                raise RestartableError(f'train.dense = "allreduce": {why}; every worker restarts, then the chief') from e
             error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
             found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
             if found is None:
@@ -276,10 +276,9 @@ class ClusterEngine:
         applied = unpack_applied(applying.result().numpy(), self._apply_widths)
         proceeded = applied[5]  # (losses, chosen, workers, late, finite, proceeded)
         if stalled and self.dense is not None:
-            raise TrainingError(
-                f"step {self._open_step()}: a worker failed or hangs, and the workers' collectives (train.dense = "
-                '"allreduce") cannot be re-formed in this run; run the same command again to resume from the last '
-                'checkpoint, or set train.dense = "ps" to ride out a lost worker'
+            raise RestartableError(
+                f'step {self._open_step()}: a worker failed or hangs under train.dense = "allreduce"; every worker '
+                "restarts, then the chief"
             )
         if stalled:  # the accumulators hold the unblocking pushes: start afresh from the global step
             self.prepare(int(self.state.global_step.numpy()))

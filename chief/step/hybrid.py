@@ -25,13 +25,15 @@ from chief.contract.framework import TF_KERAS, trainable_of
 from chief.contract.job import Job
 from chief.state.model_state import create_optimizer_slots
 from cluster.config import TrainConfig
-from cluster.errors import ConfigError
+from cluster.errors import EXIT_RESTARTABLE, ConfigError
 from worker.ps.clipping import clipping_of
 from worker.replica.allreduce import WorkerCopy, places
 from worker.replica.replica import Replica
 
 FIX = 'or set train.dense = "ps"'
 COPIES_PAST = "dense copies past its step"  # in the re-run check's message (DenseCopies.check_step)
+# What TF says in a survivor once a worker of the collective group was lost (../shared/notes/hybrid.md).
+COLLECTIVES_LOST = ("Collective ops is aborted", "expects a different device incarnation", "Collective has timed out")
 # The chief's wait for a block never stops ticking; when it has not ticked this long, TF's recovery of a
 # lost worker holds the chief (seen once: its collectives' partner gone, the coordinator re-ran closures
 # without end while the chief's reads of the ps waited): the run ends rather than hang.
@@ -156,18 +158,22 @@ class DenseCopies:
         )
 
 
-def copies_past(error: Exception) -> str | None:
-    """The one line for a closure that stopped at `DenseCopies.check_step`, or None for another error."""
-    if COPIES_PAST not in str(error):
-        return None
-    return (
-        f'train.dense = "allreduce": a closure re-run after a worker failed found its worker\'s {COPIES_PAST}; '
-        "run the same command again to resume from the last checkpoint"
-    )
+def collectives_lost(error: Exception) -> str | None:
+    """Why `error` (from a block of the hybrid step) means the workers' collectives are lost, or None for
+    another error: a closure re-run after a worker failed found its worker's copies updated
+    (`DenseCopies.check_step`), or TF aborted the collectives. The chief exits 75; the launcher restarts
+    every worker, then the chief (cluster/policy.py `collectives_decision`)."""
+    text = str(error)
+    if COPIES_PAST in text:
+        return f"a closure re-run after a worker failed found its worker's {COPIES_PAST}"
+    if any(said in text for said in COLLECTIVES_LOST):
+        return "a worker was lost and the workers' collectives were aborted"
+    return None
 
 
 class Watchdog:
-    """Ends the process (one line on stderr, exit 1) when armed and not ticked for `limit_s` seconds."""
+    """Ends the process (one warning line on stderr, exit 75: the launcher restarts every worker, then the
+    chief) when armed and not ticked for `limit_s` seconds."""
 
     def __init__(self, limit_s: float = WATCHDOG_S):
         self.limit_s, self.armed, self.last = limit_s, False, time.monotonic()
@@ -181,9 +187,8 @@ class Watchdog:
             time.sleep(1.0)
             if self.armed and time.monotonic() - self.last > self.limit_s:
                 sys.stderr.write(
-                    f'pstrain: error: train.dense = "allreduce": no progress for {self.limit_s:.0f}s (a worker failed or '
-                    "hangs and the collectives were not re-formed); run the same command again to resume from the "
-                    "last checkpoint\n"
+                    f'pstrain: warning: train.dense = "allreduce": no progress for {self.limit_s:.0f}s (a worker failed '
+                    "or hangs); the chief ends so that every worker restarts and it resumes from the last checkpoint\n"
                 )
                 sys.stderr.flush()
-                os._exit(1)
+                os._exit(EXIT_RESTARTABLE)

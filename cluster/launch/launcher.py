@@ -183,7 +183,7 @@ def launch_locked(
             if failure:
                 raise PstrainError(failure)
             ready.touch()
-            return ClusterWatch(supervisor, registry, cluster, train.startup_timeout, stop, layout).run(chief)
+            return ClusterWatch(supervisor, registry, cluster, train.startup_timeout, stop, layout, train.dense).run(chief)
         finally:
             ready.unlink(missing_ok=True)
     finally:

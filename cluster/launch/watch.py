@@ -3,8 +3,9 @@
 Contract: `ClusterWatch.run(chief)` returns the run's exit code once the chief has ended for good. Until
 then it restarts a ps or worker that exited (bounded by the restart budget, after its back-off; a stop cuts
 the back-off short and nothing is restarted), kills a local task silent past the heartbeat timeout (then
-restarts it like a dead one), restarts the chief after a ps loss so it resumes from its checkpoint, and
-forwards a stop (or a task lost for good, or a task log that cannot be written) to the chief, which gets
+restarts it like a dead one), restarts the chief after a ps loss so it resumes from its checkpoint (with
+train.dense = "allreduce" every worker too, as for a lost worker: their collectives form again only among fresh
+processes), and forwards a stop (or a task lost for good, or a task log that cannot be written) to the chief, which gets
 CHIEF_STOP_GRACE_S without checkpoint progress before it is killed. What to do is decided by cluster/policy.py; this
 module carries it out and says it on the console. It never starts a process itself: the `Supervisor`
 (cluster/launch/supervisor.py) it is given starts, restarts and reaps them.
@@ -23,6 +24,7 @@ from cluster.errors import EXIT_FAILURE, EXIT_RESTARTABLE, returncode_exit_code,
 from cluster.launch.console import say, say_stopped
 from cluster.launch.supervisor import Child, Supervisor
 from cluster.policy import (
+    CannotReform,
     EndRun,
     Finish,
     GiveUp,
@@ -30,6 +32,7 @@ from cluster.policy import (
     RestartBudget,
     budget_phrase,
     chief_decision,
+    collectives_decision,
     restart_budget,
     restart_decision,
     silent_task_decision,
@@ -83,6 +86,7 @@ class ClusterWatch:
         startup_timeout: float,
         stop: StopTrap,
         run_dir: RunDir,
+        dense: str = "ps",
     ):
         self.supervisor, self.registry, self.cluster = supervisor, registry, cluster
         self.startup_timeout, self.stop = startup_timeout, stop
@@ -91,11 +95,15 @@ class ClusterWatch:
         self.disk_full = False  # the failure is a task log that could not be written (full disk, no permission)
         self.killed: set[TaskId] = set()  # hung local tasks killed, not yet restarted
         self.lost_ps: list[str] = []  # ps tasks restarted since the chief last started: why it exits 75
+        self.dense = dense  # train.dense: with "allreduce" a lost worker restarts every worker and the chief
+        self.lost_workers: list[str] = []  # workers lost under "allreduce", not yet restarted: the chief is ended
         self.chief_started_at = latest_checkpoint_step(self.run_dir)  # the checkpoint the chief resumes from
 
     def run(self, chief: Child) -> int:
         while True:
             code = self._watch(chief)
+            if self.lost_workers and not self.failure and not self.stop.requested:
+                code = EXIT_RESTARTABLE  # ended here: it resumes from its checkpoint once every worker is fresh
             if self.failure:
                 if not self.disk_full:
                     say(self.failure + "; " + self._stop_outcome(chief.process.returncode), error=True)
@@ -117,20 +125,45 @@ class ClusterWatch:
                         flush=True,
                     )
                 return decision.exit_code
+            lost = self._lost_names()
+            reformed = self._reform_workers()
+            if isinstance(reformed, CannotReform):
+                say(f"lost {lost}: {reformed.reason} to resume from {self._resume_point()}", error=True)
+                return EXIT_RESTARTABLE
             self._restart_dead_servers()
             failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop)
             if failure:
                 say(failure, error=True)
                 return EXIT_FAILURE
             count = f"{budget.used + 1} of {self.cluster.max_restarts}"
-            say(f"lost {self._lost_names()}; restarting the chief to resume from {self._resume_point()} ({count})", warning=True)
+            which = "every worker and the chief" if reformed else "the chief"
+            say(f"lost {lost}; restarting {which} to resume from {self._resume_point()} ({count})", warning=True)
             self.lost_ps = []
             self.registry.forget(chief.task)
             self.chief_started_at = latest_checkpoint_step(self.run_dir)
             chief = self._restarted(chief)
 
     def _lost_names(self) -> str:
-        return ", ".join(dict.fromkeys(self.lost_ps)) or "a cluster task"
+        return ", ".join(dict.fromkeys(self.lost_ps + self.lost_workers)) or "a cluster task"
+
+    def _reform_workers(self) -> bool | CannotReform:
+        """Before the chief restarts: every worker restarted (killed by pid first where running) when
+        `collectives_decision` asks it; True then. Only the lost workers' restarts count against their budgets."""
+        here = [c for c in self._servers() if c.task.type == "worker"]
+        decision = collectives_decision(self.dense, len(self.cluster.workers), len(here))
+        if decision is None:
+            return False
+        if isinstance(decision, CannotReform):
+            return decision
+        for child in here:
+            if child.process.poll() is None:
+                child.process.kill()
+        for child in here:
+            self.registry.forget(child.task)
+            self.killed.discard(child.task)
+            self._restarted(child, counted=child.task.log_name in self.lost_workers)
+        self.lost_workers = []
+        return True
 
     def _resume_point(self) -> str:
         step = latest_checkpoint_step(self.run_dir)
@@ -185,6 +218,8 @@ class ClusterWatch:
                 time.sleep(0.1)
             else:
                 self._restart_dead_servers()
+                if self.lost_workers and chief.process.poll() is None:
+                    chief.process.kill()  # its collectives are gone: it resumes from its checkpoint (run)
                 self._check_silent()
                 self._check_logs()
                 self.stop.wait(0.1)  # a stop is forwarded as soon as it arrives
@@ -194,7 +229,7 @@ class ClusterWatch:
     def _restart_dead_servers(self) -> None:
         for child in self._servers():
             code = child.process.poll()
-            if code is None:
+            if code is None or child.task.log_name in self.lost_workers:
                 continue
             hung = child.task in self.killed
             self.killed.discard(child.task)
@@ -208,6 +243,16 @@ class ClusterWatch:
             if isinstance(decision, GiveUp):
                 why = f"{decision.reason} ({budget_phrase(budget)})"
                 self.failure = self.failure or f"{what} {why} (see {child.log_path})"
+                continue
+            workers_here = sum(c.task.type == "worker" for c in self._servers())
+            reform = collectives_decision(self.dense, len(self.cluster.workers), workers_here)
+            if child.task.type == "worker" and reform is not None and not isinstance(reform, CannotReform):
+                self.lost_workers.append(child.task.log_name)
+                say(
+                    f'{what}; train.dense = "allreduce": the other workers\' collectives ended with it; '
+                    f"its log: {child.log_path}",
+                    warning=True,
+                )
                 continue
             if child.task.type == "ps":
                 self.lost_ps.append(child.task.log_name)
@@ -228,9 +273,12 @@ class ClusterWatch:
         times = (*child.restart_times, now) if restarting else child.restart_times
         return restart_budget(times, now, self.cluster.max_restarts, self.cluster.restart_window)
 
-    def _restarted(self, child: Child) -> Child:
-        """Restart `child`; `pstrain status` shows its restart count and when it resets."""
+    def _restarted(self, child: Child, counted: bool = True) -> Child:
+        """Restart `child`; `pstrain status` shows its restart count and when it resets. One not `counted`
+        keeps its restart budget (restarted for another task's loss)."""
         new = self.supervisor.restart(child)
+        if not counted:
+            new.restart_times = child.restart_times
         self.registry.note_restarts(new.task, new.restart_times)
         return new
 

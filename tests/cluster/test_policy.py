@@ -12,14 +12,17 @@ from cluster.control.registry import Registry
 from cluster.control.status_table import format_status
 from cluster.errors import EXIT_RESTARTABLE, ConfigError, PstrainError, RestartableError, TrainingError, returncode_exit_code
 from cluster.policy import (
+    CannotReform,
     EndRun,
     Finish,
     GiveUp,
     Kill,
+    ReformWorkers,
     Restart,
     RestartBudget,
     budget_phrase,
     chief_decision,
+    collectives_decision,
     restart_budget,
     restart_decision,
     silent_task_decision,
@@ -153,3 +156,13 @@ def test_status_shows_each_tasks_restarts_and_when_they_reset():
     assert f"2 of 3 until {time.strftime('%H:%M:%S', time.localtime(1595.0))}" in table
     now[0] = 1600.0
     assert registry.status()["tasks"][0]["restarts"] == 0
+
+
+def test_a_lost_worker_restarts_every_worker_only_under_the_hybrid_step():
+    """ "ps": ClusterCoordinator rides out a lost worker; "allreduce": every worker restarts, then the chief,
+    where this launcher started them all, else the run ends saying how many run elsewhere."""
+    assert collectives_decision("ps", 2, 2) is None and collectives_decision("ps", 4, 1) is None
+    assert collectives_decision("allreduce", 2, 2) == ReformWorkers()
+    ended = collectives_decision("allreduce", 4, 2)
+    assert isinstance(ended, CannotReform) and "2 of the 4 workers run on other machines" in ended.reason
+    assert 'train.dense = "allreduce"' in ended.reason

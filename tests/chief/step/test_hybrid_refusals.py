@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from chief.contract.job import load_job
 from chief.state.model_state import build_state
-from chief.step.hybrid import copies_past, refusal
+from chief.step.hybrid import collectives_lost, refusal
 from cluster.config import TrainConfig
 from worker.replica.gradients import sparse_variables
 from worker.replica.replica import Replica
@@ -70,13 +70,17 @@ def test_forward_pass_state_and_a_model_without_dense_variables_are_refused(adam
     assert why is not None and "no dense trainable variable" in why
 
 
-def test_the_copies_step_check_is_said_in_one_line_and_other_errors_are_left_alone():
-    error = tf.errors.InvalidArgumentError(
-        None,
-        None,
+@pytest.mark.parametrize(
+    "message",
+    [
         "assertion failed: [train.dense = allreduce: a re-run closure found its worker\\'s dense copies past its step]",
-    )
-    line = copies_past(error)
-    assert line is not None and line.startswith('train.dense = "allreduce"') and "run the same command again" in line
-    assert "\n" not in line
-    assert copies_past(tf.errors.InvalidArgumentError(None, None, "shapes differ")) is None
+        "Collective ops is aborted by: RecvBuf expects a different device incarnation: 1 vs. 2. Your worker job ...",
+        "Collective has timed out during execution.",
+    ],
+    ids=["copies-past", "incarnation", "timed-out"],
+)
+def test_lost_collectives_are_told_apart_from_other_errors(message):
+    """The chief exits 75 on these (the launcher restarts every worker, then the chief), on nothing else."""
+    why = collectives_lost(tf.errors.FailedPreconditionError(None, None, message))
+    assert why is not None and "\n" not in why
+    assert collectives_lost(tf.errors.InvalidArgumentError(None, None, "shapes differ")) is None
