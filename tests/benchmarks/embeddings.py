@@ -400,7 +400,7 @@ def main() -> int:
         return 2
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
-    twin = [KERAS3] if args.keras3 else []
+    twin = [KERAS3] if args.keras3 and KERAS3 not in peers else []  # once, however it was asked for
     results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
     results["runs"] = {}
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
