@@ -40,7 +40,10 @@ CASES = [  # (case, job): every case trains on both engines and ends equal
     ("preprocessing-in-the-dataset-one-hot-accuracy", "tests.jobs.guides:PreprocessingInDataset"),
     ("sparse-no-metrics", "tests.jobs.guides:SparseNoMetrics"),
 ]
-KERAS3_CASES: list[tuple[str, str]] = []  # issue 34 item 4: jobs written with `import keras`, the same checks
+KERAS3_CASES = [  # jobs written with `import keras` (tests/jobs/guides_keras3.py), the same checks
+    ("keras3-built-in-methods-rmsprop-activity-losses", "tests.jobs.guides_keras3:BuiltInMethods"),
+    ("keras3-string-lookup-in-the-dataset-binary-accuracy", "tests.jobs.guides_keras3:LookupInDataset"),
+]
 
 REFUSED = [  # (case, job, the one line both engines print)
     ("add-metric", "tests.jobs.guides:AddMetric", "model_fn: layer 'metric_logging_layer"),
