@@ -38,6 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from tests.benchmarks import links  # noqa: E402
+from tests.benchmarks.command import main_or_role  # noqa: E402
 from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
 from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
 
@@ -434,14 +435,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):  # a role process: ROLE SIZE BATCH STEPS [K]
-        from tests.benchmarks.fair import role_argv, run_role
-
-        role, size, batch, steps, k = role_argv(sys.argv[1:])
-        if role in ROLES:
-            ROLES[role](size, batch, steps)
-        else:
-            run_role("tests.benchmarks.embeddings", role, size, batch, steps, k)
-        sys.stdout.flush()
-        os._exit(0)  # coordinator threads would otherwise hold the exit
-    raise SystemExit(main())
+    main_or_role("tests.benchmarks.embeddings", ROLES, main)

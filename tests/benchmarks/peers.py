@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from tests.benchmarks.command import role_process  # noqa: E402
 from tests.benchmarks.fair import PER_DISPATCH, drive_moves, emit  # noqa: E402
 from tests.benchmarks.jobs import CLASSES, HIDDEN, INPUTS, build_model, parameters  # noqa: E402
 
@@ -140,12 +141,4 @@ ROLES = {
 }
 
 if __name__ == "__main__":
-    from tests.benchmarks.fair import role_argv, run_role
-
-    role, size, global_batch, steps, k = role_argv(sys.argv[1:])
-    if role in ROLES:
-        ROLES[role](size, global_batch, steps)
-    else:
-        run_role("tests.benchmarks.jobs", role, size, global_batch, steps, k)
-    sys.stdout.flush()
-    os._exit(0)  # coordinator threads would otherwise hold the exit
+    role_process("tests.benchmarks.jobs", ROLES)
