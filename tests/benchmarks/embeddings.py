@@ -216,16 +216,11 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for the table)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import run_tf1_worker, tf1_server
+    from tests.benchmarks.peers import tf1_role
 
     v1 = tf.compat.v1
-    started = tf1_server()
-    if started is None:
-        return
-    server, spec, index = started
-    workers = spec.num_tasks("worker")
-    per = batch // workers
-    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+
+    def loss(per: int):
         x = tf.random.uniform([per, TOKENS], 0, ROWS[size], tf.int32)  # made on the worker, a fresh batch every run
         y = tf.random.uniform([per], 0, CLASSES, tf.int32)
         table = v1.get_variable("table", [ROWS[size], DIM], initializer=v1.random_uniform_initializer(-0.05, 0.05))
@@ -235,13 +230,9 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
         b2 = v1.get_variable("b2", [CLASSES], initializer=v1.zeros_initializer())
         pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, x), axis=1)
         logits = tf.matmul(tf.nn.relu(tf.matmul(pooled, w1) + b1), w2) + b2
-        value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        global_step = v1.train.get_or_create_global_step()
-        opt = v1.train.SyncReplicasOptimizer(
-            v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
-        )
-        train_op = opt.minimize(value, global_step=global_step)
-    run_tf1_worker(server, index, opt, train_op, steps)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+    tf1_role(batch, steps, 0.05, loss)
 
 
 ROLES = {

@@ -176,16 +176,12 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for both tables)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import run_tf1_worker, tf1_server
+    from tests.benchmarks.peers import tf1_role
 
     v1 = tf.compat.v1
-    started = tf1_server()
-    if started is None:
-        return
-    server, spec, index = started
-    workers = spec.num_tasks("worker")
-    per, (users, items) = batch // workers, TABLES[size]
-    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+    users, items = TABLES[size]
+
+    def loss(per: int):
         user = tf.random.uniform([per], 0, users, tf.int32)  # made on the worker, a fresh batch every run
         history = tf.random.uniform([per, HISTORY], 0, items, tf.int32)
         dense = tf.random.normal([per, DENSE])
@@ -200,13 +196,9 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
             w = v1.get_variable(f"w{n}", [a, b])
             h = tf.matmul(h, w) + v1.get_variable(f"b{n}", [b], initializer=v1.zeros_initializer())
             h = tf.nn.relu(h) if n < TOWER else h
-        value = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=h))
-        global_step = v1.train.get_or_create_global_step()
-        opt = v1.train.SyncReplicasOptimizer(
-            v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
-        )
-        train_op = opt.minimize(value, global_step=global_step)
-    run_tf1_worker(server, index, opt, train_op, steps)
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=h))
+
+    tf1_role(batch, steps, 0.05, loss)
 
 
 ROLES = {
