@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from tests.benchmarks import links  # noqa: E402
 from tests.benchmarks.command import main_or_role  # noqa: E402
-from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
+from tests.benchmarks.drawn import DRAWN, check_fits, drawn, one_example  # noqa: E402
 from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
 
 ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
@@ -101,10 +102,7 @@ def fresh_batch(seed, n: int, size: str):
     return ids, tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
 
 
-def example(seed, size: str):
-    """One example drawn as fresh_batch draws each of its n (pstrain's, tests/benchmarks/drawn.py)."""
-    ids, labels = fresh_batch(seed, 1, size)
-    return ids[0], labels[0]
+example = partial(one_example, fresh_batch)  # (seed, size): one example drawn as fresh_batch draws each of its n (pstrain's)
 
 
 class _Job:
@@ -120,7 +118,7 @@ class _Job:
 
     @classmethod
     def train_dataset(cls):
-        return drawn(lambda seed: example(seed, cls.size))
+        return drawn(fresh_batch, cls.size)
 
 
 class Emb1K(_Job):

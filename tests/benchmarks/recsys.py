@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from tests.benchmarks import links  # noqa: E402
 from tests.benchmarks.command import main_or_role  # noqa: E402
-from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
+from tests.benchmarks.drawn import DRAWN, check_fits, drawn, one_example  # noqa: E402
 from tests.benchmarks.embeddings import touched_rows  # noqa: E402
 from tests.benchmarks.network import add_network_flag, apply_network_flag  # noqa: E402
 from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
@@ -96,10 +97,7 @@ def fresh_batch(seed, n: int, size: str):
     return x, tf.cast(tf.random.stateless_uniform([n, 1], s[3], 0, 2, tf.int32), tf.float32)
 
 
-def example(seed, size: str):
-    """One example drawn as fresh_batch draws each of its n (pstrain's: tests/benchmarks/drawn.py)."""
-    x, y = fresh_batch(seed, 1, size)
-    return {k: v[0] for k, v in x.items()}, y[0]
+example = partial(one_example, fresh_batch)  # (seed, size): one example drawn as fresh_batch draws each of its n (pstrain's)
 
 
 class _Job:
@@ -114,7 +112,7 @@ class _Job:
 
     @classmethod
     def train_dataset(cls):
-        return drawn(lambda seed: example(seed, cls.size))
+        return drawn(fresh_batch, cls.size)
 
 
 class RecTiny(_Job):
