@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from tests.benchmarks import links  # noqa: E402
 from tests.benchmarks.command import main_or_role  # noqa: E402
 from tests.benchmarks.drawn import DRAWN, check_fits, drawn, one_example  # noqa: E402
-from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
+from tests.benchmarks.rounds import add_round_args, print_size, run_size  # noqa: E402
 
 ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 PSTRAIN_ONLY = {"1k"}  # pstrain alone, for the chief's memory baseline
@@ -383,7 +383,7 @@ def main() -> int:
     if why := check_fits(args.steps, args.global_batch_size):
         parser.error(why)
     private_network = apply_network_flag(args)
-    from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, new_results
 
     if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
         print(why, file=sys.stderr)
@@ -391,8 +391,7 @@ def main() -> int:
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     twin = [KERAS3] if args.keras3 and KERAS3 not in peers else []  # once, however it was asked for
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
-    results["runs"] = {}
+    results = new_results(batch, args.steps, private_network)
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
         here = ["pstrain", *twin] if size in PSTRAIN_ONLY else [*peers, *twin, *PROBES]
@@ -400,9 +399,7 @@ def main() -> int:
             results, size, here, lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, device=args.device, k=k), args
         )
         runs = rounds["runs"]
-        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, rounds["failed"]), flush=True)
-        print(sweep_line(rounds), flush=True)
-        print(setup_lines(runs), flush=True)
+        print_size(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, rounds["failed"]), rounds)
     if sizes and ("pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes)):
         print(chief_memory_line(results["runs"]), flush=True)
     compared = [s for s in sizes if s not in PSTRAIN_ONLY]

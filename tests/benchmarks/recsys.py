@@ -35,7 +35,7 @@ from tests.benchmarks.command import main_or_role  # noqa: E402
 from tests.benchmarks.drawn import DRAWN, check_fits, drawn, one_example  # noqa: E402
 from tests.benchmarks.embeddings import touched_rows  # noqa: E402
 from tests.benchmarks.network import add_network_flag, apply_network_flag  # noqa: E402
-from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
+from tests.benchmarks.rounds import add_round_args, print_size, run_size  # noqa: E402
 
 TABLES = {"tiny": (1_600, 400), "1m": (800_000, 200_000), "10m": (8_000_000, 2_000_000)}  # user rows, item rows
 WIDTH = {"tiny": 64, "1m": 1024, "10m": 1024}
@@ -259,10 +259,9 @@ def main() -> int:
         print(why, file=sys.stderr)
         return 2
     private_network = apply_network_flag(args)
-    from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, new_results
 
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
-    results["runs"] = {}
+    results = new_results(batch, args.steps, private_network)
     results["workload"] = {
         size: {"tables": TABLES[size], "dim": DIM, "tower_parameters": tower_parameters(size)} for size in sizes
     }
@@ -275,9 +274,7 @@ def main() -> int:
             lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, args.device, k),
             args,
         )
-        print(table(size, rounds["runs"], batch, rounds["failed"]), flush=True)
-        print(sweep_line(rounds), flush=True)
-        print(setup_lines(rounds["runs"]), flush=True)
+        print_size(table(size, rounds["runs"], batch, rounds["failed"]), rounds)
     links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
