@@ -250,10 +250,22 @@ def apply_gradients(optimizer: Any, grads: list, variables: list) -> None:
 
     if framework_of(optimizer) == KERAS3:
         keras_variables = {id(tf_variable(v)): v for v in optimizer._trainable_variables}
-        pairs = [(g, keras_variables[id(v)]) for g, v in zip(grads, variables, strict=True)]
+        pairs = [(shaped(g, v), keras_variables[id(v)]) for g, v in zip(grads, variables, strict=True)]
         as_written(optimizer.apply_gradients)(pairs)
         return
     as_written(optimizer.apply_gradients)(zip(grads, variables, strict=True), experimental_aggregate_gradients=False)
+
+
+def shaped(gradient: Any, variable: Any) -> Any:
+    """`gradient` with its variable's static shape: a mean taken from the ps's accumulators has none, and
+    Keras 3's ops read the shape while tracing (`keras.ops.add` calls `shape.as_list()`, so RMSprop, say,
+    failed on the cluster). `ensure_shape` changes no value; a row-sparse gradient keeps its rows."""
+    import tensorflow as tf
+
+    if isinstance(gradient, tf.IndexedSlices):
+        values = tf.ensure_shape(gradient.values, [None, *variable.shape[1:]])
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return tf.ensure_shape(gradient, variable.shape)
 
 
 def learning_rate_schedule(optimizer: Any) -> Callable[[int], float] | None:

@@ -211,9 +211,11 @@ class Checkpoints:
 
 def write_listing(directory: Path, latest: str, names: list[str]) -> None:
     """Write `directory/checkpoint` (atomically): `latest` and every kept checkpoint `names`. What
-    `tf.compat.v1.train.update_checkpoint_state` writes, without its deprecation warning on the console."""
+    `tf.compat.v1.train.update_checkpoint_state` writes, without its deprecation warning on the console.
+    The names stay relative to `directory`, as TF's readers take them (`tf.train.latest_checkpoint`); given a
+    relative directory, TF would write them relative to the working directory instead ("../../ckpt-60")."""
     checkpoint_management.update_checkpoint_state_internal(
-        str(directory), latest, all_model_checkpoint_paths=names, save_relative_paths=False
+        str(directory.absolute()), latest, all_model_checkpoint_paths=names, save_relative_paths=False
     )
 
 

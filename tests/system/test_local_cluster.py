@@ -207,13 +207,17 @@ def test_a_stop_during_start_up_says_so_in_one_line(tmp_path, when):
 
 
 def test_start_local_sh_runs_a_job_from_the_users_directory(tmp_path):
-    """A user's job next to them, and a relative run dir, from any working directory."""
+    """A user's job next to them, and a relative run dir, from any working directory; the checkpoint
+    listing names each checkpoint relative to its directory, as TF's readers (`tf.train.latest_checkpoint`)
+    take it, not relative to the working directory ("../../ckpt-5" before)."""
     (tmp_path / "myjob.py").write_text("from chief.jobs.digits import *  # noqa: F403\n")
     argv = [str(ROOT / "deploy" / "start_local.sh"), "--job", "myjob", "--steps", "5", "--run-dir", "runs/mine"]
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps, done = metrics(tmp_path / "runs" / "mine")
     assert len(steps) == 5 and done is not None
+    listing = (tmp_path / "runs" / "mine" / "checkpoints" / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "ckpt-5"' in listing, listing
 
 
 def test_readme_command_start_local_sh(tmp_path):

@@ -91,3 +91,33 @@ def test_refused_in_one_line(name, message):
         load_job(f"tests.jobs.keras3:{name}")
     text = str(raised.value)
     assert text.startswith(f"--job tests.jobs.keras3:{name}: {message}") and "\n" not in text, text
+
+
+OPTIMIZERS = ["Adadelta", "Adafactor", "Adagrad", "Adam", "Adamax", "AdamW", "Ftrl", "Lamb", "Lion", "Nadam", "RMSprop", "SGD"]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_keras3_optimizer_applies_a_mean_without_a_static_shape_as_it_applies_one_with(name):
+    """On a cluster the ps reads the step's mean gradients from its accumulators, which give no static
+    shape; Keras 3's ops read the shape while tracing (RMSprop failed: `as_list() is not defined on an
+    unknown TensorShape`). `apply_gradients` gives each mean its variable's shape: three steps traced
+    without shapes equal three traced with them, bit for bit."""
+    from chief.contract.framework import apply_gradients, tf_variable
+
+    def stepper(shapes):
+        kernel = keras.Variable(np.linspace(-1, 1, 12, dtype="float32").reshape(3, 4), name="kernel")
+        bias = keras.Variable(np.full(4, 0.5, "float32"), name="bias")
+        optimizer = getattr(keras.optimizers, name)(learning_rate=0.05)
+        create_optimizer_slots(optimizer, [kernel, bias])
+        signature = [tf.TensorSpec(shape, tf.float32) for shape in shapes]
+        step = tf.function(lambda k, b: apply_gradients(optimizer, [k, b], [tf_variable(kernel), tf_variable(bias)]))
+        return step.get_concrete_function(*signature), [kernel, bias]
+
+    known, known_vars = stepper([(3, 4), (4,)])
+    unknown, unknown_vars = stepper([None, None])
+    for s in range(3):
+        grads = [tf.fill((3, 4), 0.1 * (s + 1)), tf.linspace(0.0, 1.0, 4) * (s - 1)]
+        known(*grads)
+        unknown(*grads)
+    for mine, theirs in zip(unknown_vars, known_vars, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
