@@ -26,6 +26,7 @@ import psutil
 
 from cluster import rulesets
 from cluster.config import ClusterConfig, parse_address, task_addresses
+from cluster.launch import lifeline
 
 READY_TIMEOUT_S = 30.0
 TOOL_COMMANDS = ("nft", "iptables", "ip6tables")
@@ -147,12 +148,7 @@ def end_guardian(guardian: subprocess.Popen, tool: str, timeout_s: float = READY
     makes it delete its rules and exit; one that has not within `timeout_s` is killed and its rules
     (made with `tool`) deleted from here. Never raises for a slow guardian; reaps it, closes its pipes."""
     try:
-        guardian.stdin.close()
-        try:
-            guardian.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            guardian.kill()
-            guardian.wait()
+        if lifeline.cut(guardian, timeout_s):
             TOOLS[tool]().delete(rulesets.name(guardian.pid))
         lines = guardian.stderr.read().decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else ""

@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cluster.launch import lifeline
+
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -92,13 +94,7 @@ def end_maker(maker: subprocess.Popen, timeout_s: float = MAKE_TIMEOUT_S) -> Non
     where it has not exited within `timeout_s`: the namespace is held by descriptors, not by it) and
     close its pipes. Never raises for a slow maker."""
     try:
-        if not maker.stdin.closed:
-            maker.stdin.close()
-        try:
-            maker.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            maker.kill()
-            maker.wait()
+        lifeline.cut(maker, timeout_s)
     finally:
         maker.stdout.close()
         maker.stderr.close()

@@ -45,7 +45,7 @@ from tests.benchmarks import links
 from tests.benchmarks.drawn import check_fits
 from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
 from tests.benchmarks.network import OPEN, add_network_flag, apply_network_flag, network_text, private_network
-from tests.benchmarks.rounds import PeerFailed, add_round_args, record, run_rounds, sweep_line, sweep_values
+from tests.benchmarks.rounds import PeerFailed, add_round_args, print_size, run_size
 from tests.benchmarks.window import block_ends, measure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,11 +270,9 @@ def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu", 
     return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device, k=k)
 
 
-def setup_lines(runs: dict[str, list[dict]]) -> str:
-    """How each peer ran (from its own report), so the output alone shows whether the race was fair."""
-    return "how each peer ran:\n" + "\n".join(
-        f"  {peer}: {rs[0]['setup']}" for peer, rs in runs.items() if rs and "setup" in rs[0]
-    )
+def new_results(batch: int, steps: int, private_network: bool) -> dict:
+    """An invocation's JSON before its runs (each size's are added by rounds.run_size)."""
+    return {"machine": machine(), "global_batch": batch, "steps": steps, "private_network": private_network, "runs": {}}
 
 
 def machine() -> str:
@@ -311,24 +309,18 @@ def main() -> int:
         return 2
     in_namespace = apply_network_flag(args)
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": in_namespace}
-    results["runs"] = {}
+    results = new_results(batch, args.steps, in_namespace)
     head = f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {network_text(in_namespace)}"
     print(f"{head}; {METHOD}", flush=True)
     for size in sizes:
-        rounds = run_rounds(
-            lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, args.device, k),
-            [*peers, *PROBES],
+        rounds = run_size(
+            results,
             size,
-            args.repeats,
-            args.seed,
-            sweep_values(args.sweep),
-            args.warmup_rounds,
+            [*peers, *PROBES],
+            lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, args.device, k),
+            args,
         )
-        record(results, size, rounds)
-        print(table(size, rounds["runs"], batch, rounds["failed"]), flush=True)
-        print(sweep_line(rounds), flush=True)
-        print(setup_lines(rounds["runs"]), flush=True)
+        print_size(table(size, rounds["runs"], batch, rounds["failed"]), rounds)
     links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.scaling:
         results["scaling"] = scaling(batch, args.steps)

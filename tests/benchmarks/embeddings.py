@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,8 +39,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from tests.benchmarks import links  # noqa: E402
-from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
-from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
+from tests.benchmarks.command import main_or_role  # noqa: E402
+from tests.benchmarks.drawn import DRAWN, check_fits, drawn, one_example  # noqa: E402
+from tests.benchmarks.rounds import add_round_args, print_size, run_size  # noqa: E402
 
 ROWS = {"1k": 1_000, "1m": 1_000_000, "5m": 5_000_000, "10m": 10_000_000}
 PSTRAIN_ONLY = {"1k"}  # pstrain alone, for the chief's memory baseline
@@ -100,10 +102,7 @@ def fresh_batch(seed, n: int, size: str):
     return ids, tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
 
 
-def example(seed, size: str):
-    """One example drawn as fresh_batch draws each of its n (pstrain's, tests/benchmarks/drawn.py)."""
-    ids, labels = fresh_batch(seed, 1, size)
-    return ids[0], labels[0]
+example = partial(one_example, fresh_batch)  # (seed, size): one example drawn as fresh_batch draws each of its n (pstrain's)
 
 
 class _Job:
@@ -119,7 +118,7 @@ class _Job:
 
     @classmethod
     def train_dataset(cls):
-        return drawn(lambda seed: example(seed, cls.size))
+        return drawn(fresh_batch, cls.size)
 
 
 class Emb1K(_Job):
@@ -215,16 +214,11 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for the table)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import run_tf1_worker, tf1_server
+    from tests.benchmarks.peers import tf1_role
 
     v1 = tf.compat.v1
-    started = tf1_server()
-    if started is None:
-        return
-    server, spec, index = started
-    workers = spec.num_tasks("worker")
-    per = batch // workers
-    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+
+    def loss(per: int):
         x = tf.random.uniform([per, TOKENS], 0, ROWS[size], tf.int32)  # made on the worker, a fresh batch every run
         y = tf.random.uniform([per], 0, CLASSES, tf.int32)
         table = v1.get_variable("table", [ROWS[size], DIM], initializer=v1.random_uniform_initializer(-0.05, 0.05))
@@ -234,13 +228,9 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
         b2 = v1.get_variable("b2", [CLASSES], initializer=v1.zeros_initializer())
         pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, x), axis=1)
         logits = tf.matmul(tf.nn.relu(tf.matmul(pooled, w1) + b1), w2) + b2
-        value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        global_step = v1.train.get_or_create_global_step()
-        opt = v1.train.SyncReplicasOptimizer(
-            v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
-        )
-        train_op = opt.minimize(value, global_step=global_step)
-    run_tf1_worker(server, index, opt, train_op, steps)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+    tf1_role(batch, steps, 0.05, loss)
 
 
 ROLES = {
@@ -393,7 +383,7 @@ def main() -> int:
     if why := check_fits(args.steps, args.global_batch_size):
         parser.error(why)
     private_network = apply_network_flag(args)
-    from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, new_results
 
     if why := links.use(args.link, args.plan_fit):  # refused in one line where namespaces cannot be made
         print(why, file=sys.stderr)
@@ -401,8 +391,7 @@ def main() -> int:
 
     sizes, peers, batch = [s for s in args.sizes.split(",") if s], args.peers.split(","), args.global_batch_size
     twin = [KERAS3] if args.keras3 and KERAS3 not in peers else []  # once, however it was asked for
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
-    results["runs"] = {}
+    results = new_results(batch, args.steps, private_network)
     print(f"# {results['machine']}; global batch {batch}; {args.steps} steps per run; {METHOD}", flush=True)
     for size in sizes:
         here = ["pstrain", *twin] if size in PSTRAIN_ONLY else [*peers, *twin, *PROBES]
@@ -410,9 +399,7 @@ def main() -> int:
             results, size, here, lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, device=args.device, k=k), args
         )
         runs = rounds["runs"]
-        print(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, rounds["failed"]), flush=True)
-        print(sweep_line(rounds), flush=True)
-        print(setup_lines(runs), flush=True)
+        print_size(chief_line(size, runs) if size in PSTRAIN_ONLY else table(size, runs, batch, rounds["failed"]), rounds)
     if sizes and ("pstrain" in peers or any(s in PSTRAIN_ONLY for s in sizes)):
         print(chief_memory_line(results["runs"]), flush=True)
     compared = [s for s in sizes if s not in PSTRAIN_ONLY]
@@ -434,14 +421,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):  # a role process: ROLE SIZE BATCH STEPS [K]
-        from tests.benchmarks.fair import role_argv, run_role
-
-        role, size, batch, steps, k = role_argv(sys.argv[1:])
-        if role in ROLES:
-            ROLES[role](size, batch, steps)
-        else:
-            run_role("tests.benchmarks.embeddings", role, size, batch, steps, k)
-        sys.stdout.flush()
-        os._exit(0)  # coordinator threads would otherwise hold the exit
-    raise SystemExit(main())
+    main_or_role("tests.benchmarks.embeddings", ROLES, main)

@@ -189,9 +189,3 @@ ROLES = {
 def run_role(workload_module: str, role: str, size: str, batch: int, steps: int, k: int | None = None) -> None:
     """Run TF2 peer `role` on a workload module; `k` steps per closure or call (None: PER_DISPATCH)."""
     ROLES[role](importlib.import_module(workload_module), size, batch, steps, k or PER_DISPATCH)
-
-
-def role_argv(argv: list[str]) -> tuple[str, str, int, int, int | None]:
-    """A role process's arguments: ROLE SIZE GLOBAL_BATCH STEPS [K] (tests/benchmarks/bench.launch_peer)."""
-    k = int(argv[4]) if len(argv) > 4 else None
-    return argv[0], argv[1], int(argv[2]), int(argv[3]), k

@@ -9,13 +9,13 @@ section's jobs (DataSmall, ...) read a fixed set from where each says.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
-from tests.benchmarks.drawn import DRAWN, drawn
+from tests.benchmarks.drawn import DRAWN, drawn, one_example
 
 if TYPE_CHECKING:
     import tf_keras
@@ -67,17 +67,14 @@ def fresh_batch(seed, n: int, size: str = ""):
     return tf.random.stateless_normal([n, INPUTS], sx), tf.random.stateless_uniform([n], sy, 0, CLASSES, tf.int32)
 
 
-def example(seed, size: str = ""):
-    """One example drawn as fresh_batch draws each of its n (pstrain's: tests/benchmarks/drawn.py)."""
-    x, y = fresh_batch(seed, 1)
-    return x[0], y[0]
+example = partial(one_example, fresh_batch)  # (seed, size): one example drawn as fresh_batch draws each of its n (pstrain's)
 
 
 class _Mlp:
     size = ""
     loss_fn = staticmethod(loss)
     optimizer_fn = staticmethod(optimizer)
-    train_dataset = staticmethod(lambda: drawn(example))
+    train_dataset = staticmethod(lambda: drawn(fresh_batch))
     bench_data = DRAWN
 
     @classmethod

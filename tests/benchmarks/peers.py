@@ -14,12 +14,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from tests.benchmarks.command import role_process  # noqa: E402
 from tests.benchmarks.fair import PER_DISPATCH, drive_moves, emit  # noqa: E402
 from tests.benchmarks.jobs import CLASSES, HIDDEN, INPUTS, build_model, parameters  # noqa: E402
 
@@ -51,15 +53,10 @@ def transfer(size: str, global_batch: int, steps: int, k: int = 1) -> None:
 
 
 def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
-    """The TF1 recipe: replica_device_setter + SyncReplicasOptimizer + MonitoredTrainingSession."""
+    """The TF1 recipe (tf1_role) on the MLP."""
     v1 = tf.compat.v1
-    started = tf1_server()
-    if started is None:
-        return
-    server, spec, index = started
-    workers = spec.num_tasks("worker")
-    per = global_batch // workers
-    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+
+    def loss(per: int):
         x = tf.random.normal([per, INPUTS])  # made on the worker, a fresh batch every run
         y = tf.random.uniform([per], 0, CLASSES, tf.int32)
         h = HIDDEN[size]
@@ -70,10 +67,27 @@ def tf1_sync_replicas(size: str, global_batch: int, steps: int) -> None:
         w3 = v1.get_variable("w3", [h, 10])
         b3 = v1.get_variable("b3", [10], initializer=v1.zeros_initializer())
         logits = tf.matmul(tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2), w3) + b3
-        value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+    tf1_role(global_batch, steps, 0.01, loss)
+
+
+def tf1_role(global_batch: int, steps: int, learning_rate: float, loss: Callable[[int], tf.Tensor]) -> None:
+    """The TF1 recipe, for every workload: replica_device_setter + SyncReplicasOptimizer (plain SGD at
+    `learning_rate`, N = workers gradients per update) + MonitoredTrainingSession. `loss(per)` builds
+    the worker's loss on a batch of per = global_batch // workers examples it makes itself; its
+    variables go to the ps. A ps task serves until killed."""
+    v1 = tf.compat.v1
+    started = tf1_server()
+    if started is None:
+        return
+    server, spec, index = started
+    workers = spec.num_tasks("worker")
+    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+        value = loss(global_batch // workers)
         global_step = v1.train.get_or_create_global_step()
         opt = v1.train.SyncReplicasOptimizer(
-            v1.train.GradientDescentOptimizer(0.01), replicas_to_aggregate=workers, total_num_replicas=workers
+            v1.train.GradientDescentOptimizer(learning_rate), replicas_to_aggregate=workers, total_num_replicas=workers
         )
         train_op = opt.minimize(value, global_step=global_step)
     run_tf1_worker(server, index, opt, train_op, steps)
@@ -140,12 +154,4 @@ ROLES = {
 }
 
 if __name__ == "__main__":
-    from tests.benchmarks.fair import role_argv, run_role
-
-    role, size, global_batch, steps, k = role_argv(sys.argv[1:])
-    if role in ROLES:
-        ROLES[role](size, global_batch, steps)
-    else:
-        run_role("tests.benchmarks.jobs", role, size, global_batch, steps, k)
-    sys.stdout.flush()
-    os._exit(0)  # coordinator threads would otherwise hold the exit
+    role_process("tests.benchmarks.jobs", ROLES)

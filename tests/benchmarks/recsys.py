@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -30,10 +31,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from tests.benchmarks import links  # noqa: E402
-from tests.benchmarks.drawn import DRAWN, check_fits, drawn  # noqa: E402
+from tests.benchmarks.command import main_or_role  # noqa: E402
+from tests.benchmarks.drawn import DRAWN, check_fits, drawn, one_example  # noqa: E402
 from tests.benchmarks.embeddings import touched_rows  # noqa: E402
 from tests.benchmarks.network import add_network_flag, apply_network_flag  # noqa: E402
-from tests.benchmarks.rounds import add_round_args, run_size, sweep_line  # noqa: E402
+from tests.benchmarks.rounds import add_round_args, print_size, run_size  # noqa: E402
 
 TABLES = {"tiny": (1_600, 400), "1m": (800_000, 200_000), "10m": (8_000_000, 2_000_000)}  # user rows, item rows
 WIDTH = {"tiny": 64, "1m": 1024, "10m": 1024}
@@ -95,10 +97,7 @@ def fresh_batch(seed, n: int, size: str):
     return x, tf.cast(tf.random.stateless_uniform([n, 1], s[3], 0, 2, tf.int32), tf.float32)
 
 
-def example(seed, size: str):
-    """One example drawn as fresh_batch draws each of its n (pstrain's: tests/benchmarks/drawn.py)."""
-    x, y = fresh_batch(seed, 1, size)
-    return {k: v[0] for k, v in x.items()}, y[0]
+example = partial(one_example, fresh_batch)  # (seed, size): one example drawn as fresh_batch draws each of its n (pstrain's)
 
 
 class _Job:
@@ -113,7 +112,7 @@ class _Job:
 
     @classmethod
     def train_dataset(cls):
-        return drawn(lambda seed: example(seed, cls.size))
+        return drawn(fresh_batch, cls.size)
 
 
 class RecTiny(_Job):
@@ -175,16 +174,12 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
     """TF1: replica_device_setter + SyncReplicasOptimizer (sparse accumulators for both tables)."""
     import tensorflow as tf
 
-    from tests.benchmarks.peers import run_tf1_worker, tf1_server
+    from tests.benchmarks.peers import tf1_role
 
     v1 = tf.compat.v1
-    started = tf1_server()
-    if started is None:
-        return
-    server, spec, index = started
-    workers = spec.num_tasks("worker")
-    per, (users, items) = batch // workers, TABLES[size]
-    with v1.device(v1.train.replica_device_setter(worker_device=f"/job:worker/task:{index}", cluster=spec)):
+    users, items = TABLES[size]
+
+    def loss(per: int):
         user = tf.random.uniform([per], 0, users, tf.int32)  # made on the worker, a fresh batch every run
         history = tf.random.uniform([per, HISTORY], 0, items, tf.int32)
         dense = tf.random.normal([per, DENSE])
@@ -199,13 +194,9 @@ def role_tf1(size: str, batch: int, steps: int) -> None:
             w = v1.get_variable(f"w{n}", [a, b])
             h = tf.matmul(h, w) + v1.get_variable(f"b{n}", [b], initializer=v1.zeros_initializer())
             h = tf.nn.relu(h) if n < TOWER else h
-        value = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=h))
-        global_step = v1.train.get_or_create_global_step()
-        opt = v1.train.SyncReplicasOptimizer(
-            v1.train.GradientDescentOptimizer(0.05), replicas_to_aggregate=workers, total_num_replicas=workers
-        )
-        train_op = opt.minimize(value, global_step=global_step)
-    run_tf1_worker(server, index, opt, train_op, steps)
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=h))
+
+    tf1_role(batch, steps, 0.05, loss)
 
 
 ROLES = {
@@ -268,10 +259,9 @@ def main() -> int:
         print(why, file=sys.stderr)
         return 2
     private_network = apply_network_flag(args)
-    from tests.benchmarks.bench import METHOD, PROBES, machine, setup_lines
+    from tests.benchmarks.bench import METHOD, PROBES, new_results
 
-    results: dict = {"machine": machine(), "global_batch": batch, "steps": args.steps, "private_network": private_network}
-    results["runs"] = {}
+    results = new_results(batch, args.steps, private_network)
     results["workload"] = {
         size: {"tables": TABLES[size], "dim": DIM, "tower_parameters": tower_parameters(size)} for size in sizes
     }
@@ -284,9 +274,7 @@ def main() -> int:
             lambda peer, k, size=size: run_peer(peer, size, batch, args.steps, args.device, k),
             args,
         )
-        print(table(size, rounds["runs"], batch, rounds["failed"]), flush=True)
-        print(sweep_line(rounds), flush=True)
-        print(setup_lines(rounds["runs"]), flush=True)
+        print_size(table(size, rounds["runs"], batch, rounds["failed"]), rounds)
     links.records(args, JOBS, results, batch)  # --link: the transfer limit and plan's step, per size
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -294,14 +282,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):  # a role process: ROLE SIZE BATCH STEPS [K]
-        from tests.benchmarks.fair import role_argv, run_role
-
-        role, size, batch, steps, k = role_argv(sys.argv[1:])
-        if role in ROLES:
-            ROLES[role](size, batch, steps)
-        else:
-            run_role("tests.benchmarks.recsys", role, size, batch, steps, k)
-        sys.stdout.flush()
-        os._exit(0)  # coordinator threads would otherwise hold the exit
-    raise SystemExit(main())
+    main_or_role("tests.benchmarks.recsys", ROLES, main)

@@ -7,6 +7,7 @@ of the sweep, the (peer, K) runs in a seeded shuffled order, the K of its fastes
 on; then `repeats` measured rounds, each in its own seeded shuffle of the peers. Every order, the
 sweep's figures and the K used are returned for the JSON. A peer that fails (PeerFailed) is printed,
 recorded with why, and not run again. Figures across the measured rounds: medians with their range.
+run_size records a size's rounds into the invocation's JSON; print_size prints its lines.
 """
 
 from __future__ import annotations
@@ -121,6 +122,19 @@ def sweep_line(rounds: dict) -> str:
     orders = "; ".join(" ".join(order) for order in rounds["orders"])
     head = f"K swept: {'; '.join(parts)}" if parts else "K not swept (16 for the tuned peers)"
     return f"{head}\norders (seed {rounds['seed']}, {rounds['warmup_rounds']} warm-up round(s) first, discarded): {orders}"
+
+
+def print_size(table_text: str, rounds: dict) -> None:
+    """A size's lines: its table, the K sweep and the rounds' orders, how each peer ran."""
+    for text in (table_text, sweep_line(rounds), setup_lines(rounds["runs"])):
+        print(text, flush=True)
+
+
+def setup_lines(runs: dict[str, list[dict]]) -> str:
+    """How each peer ran (from its own report), so the output alone shows whether the race was fair."""
+    return "how each peer ran:\n" + "\n".join(
+        f"  {peer}: {rs[0]['setup']}" for peer, rs in runs.items() if rs and "setup" in rs[0]
+    )
 
 
 def record(results: dict, size: str, rounds: dict) -> None:
