@@ -43,7 +43,7 @@ import psutil
 
 from tests.benchmarks import links
 from tests.benchmarks.drawn import check_fits
-from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
+from tests.benchmarks.jobs import DATA_JOBS, JOBS, JOBS_ALLREDUCE, parameters, write_bench_data
 from tests.benchmarks.network import OPEN, add_network_flag, apply_network_flag, network_text, private_network
 from tests.benchmarks.rounds import PeerFailed, add_round_args, print_size, run_size
 from tests.benchmarks.window import block_ends, measure
@@ -56,6 +56,7 @@ NAMES = {
     "pstrain-open": "pstrain sync, 2 workers, no private network (TF ports open)",  # --peers only: the doors A/B
     "pstrain-k1": "pstrain sync, 2 workers, 1 step per dispatch",
     "pstrain-keras3": "pstrain sync, 2 workers, the Keras 3 twin",  # tests/benchmarks/embeddings.py --keras3
+    "pstrain-allreduce": 'pstrain sync, 2 workers, dense all-reduced among the workers (train.dense = "allreduce")',
     "async": "TF2 PS async tuned, 2 workers",
     "async-1step": "TF2 PS async, 1 step per closure, 2 workers",
     "tf1": "TF1 SyncReplicasOptimizer, 2 workers",
@@ -64,6 +65,8 @@ NAMES = {
 }
 METHOD = "start-up: launch to the first applied global step; step: wall time per applied global step, run's half to end"
 K1 = ["--steps-per-execution", "1"]  # pstrain-k1: one step per dispatch, the chief on every step's path
+# pstrain's peers beside "pstrain": the flags each adds to its launch (every workload reads them here)
+PSTRAIN_FLAGS = {"pstrain-k1": K1, "pstrain-open": OPEN, "pstrain-allreduce": ["--dense", "allreduce"]}
 TIMEOUT_S = 900
 FILES = "d one file per example (train_dataset)"
 NO_READ_AHEAD = {"PSTRAIN_READ_AHEAD": "0"}
@@ -230,7 +233,8 @@ def peer_pstrain(
         "t_launch": t_launch,
         "samples": samples,
         "setup": f"{per_execution} steps per dispatch (a block), {job_data(job or JOBS[size])}; "
-        + network_text(described["private_network"]),
+        + network_text(described["private_network"])
+        + ('; train.dense = "allreduce"' if "allreduce" in (extra or []) else ""),
         "private_network": described["private_network"],  # as the run recorded it (cluster.json)
         "startup_phases": startup_phases((run_dir / "logs" / "chief-0.log").read_text()),
         "timing": {k: statistics.median(r["timing"][k] for r in measured) for k in measured[0]["timing"]},
@@ -266,7 +270,8 @@ def startup_line(runs: list[dict]) -> str:
 
 def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu", k: int | None = None) -> dict:
     if peer.startswith("pstrain"):
-        return peer_pstrain(size, batch, steps, extra={"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer), device=device)
+        job = JOBS_ALLREDUCE[size] if peer == "pstrain-allreduce" else None
+        return peer_pstrain(size, batch, steps, job=job, extra=PSTRAIN_FLAGS.get(peer), device=device)
     return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device, k=k)
 
 

@@ -243,11 +243,10 @@ ROLES = {
 
 
 def run_peer(peer: str, size: str, batch: int, steps: int, workers: int = 2, device: str = "cpu", k: int | None = None) -> dict:
-    from tests.benchmarks.bench import K1, launch_peer, peer_pstrain
-    from tests.benchmarks.network import OPEN
+    from tests.benchmarks.bench import PSTRAIN_FLAGS, launch_peer, peer_pstrain
 
     if peer.startswith("pstrain"):
-        extra = {"pstrain-k1": K1, "pstrain-open": OPEN}.get(peer)
+        extra = PSTRAIN_FLAGS.get(peer)
         job = (JOBS_KERAS3 if peer == KERAS3 else JOBS)[size]
         return peer_pstrain(size, batch, steps, workers=workers, job=job, extra=extra, device=device)
     return launch_peer("tests.benchmarks.embeddings", peer, size, batch, steps, workers, device, k)
