@@ -1,5 +1,5 @@
 """`DatasetSource`: the job's `tf.data.Dataset` of single examples (element i = example i), read by
-position with `tf.data.experimental.at` in a parallel map, so memory does not grow with the set; and
+position (worker/input/positions.py), so memory does not grow with the set; and
 the checks that decide whether a pipeline can be read so (else it is a stream: worker/input/streams.py)."""
 
 from __future__ import annotations
@@ -14,21 +14,9 @@ from tensorflow.python.eager import context
 
 from chief.contract.as_written import as_written
 from chief.contract.job import JobError
+from worker.input.positions import read_positions
 from worker.input.readahead import ReadAhead
-from worker.input.sources import READ_PARALLELISM, Nest, Source, digest, sample_positions
-
-
-def read_positions(dataset: tf.data.Dataset, indices: tf.Tensor) -> Nest:
-    """TF ops: elements `indices` of a random-access dataset, read in parallel, in order, as one batch
-    (of a static size when `indices` has one: what a slot's loss reshapes its sample weights to)."""
-    n = indices.shape[0]
-    reads = tf.data.Dataset.from_tensor_slices(indices).map(
-        lambda i: tf.data.experimental.at(dataset, i), num_parallel_calls=READ_PARALLELISM, deterministic=True
-    )
-    if n is not None:  # exactly n elements: one full batch, with its size in the static shape
-        return reads.batch(n, drop_remainder=True).get_single_element()
-    return reads.batch(tf.size(indices, out_type=tf.int64)).get_single_element()
-
+from worker.input.sources import Nest, Source, digest, sample_positions
 
 _SHAPES = re.compile(r"First element had shape (\[[^\]]*\]) and element (\d+) had shape (\[[^\]]*\])")
 
