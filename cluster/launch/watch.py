@@ -127,6 +127,8 @@ class ClusterWatch:
                 return decision.exit_code
             lost = self._lost_names()
             reformed = self._reform_workers()
+            if reformed is True and lost == "a cluster task":  # the chief saw it first (exit 75), before a heartbeat lapsed
+                lost = "a worker (the chief saw the workers' collectives fail)"
             if isinstance(reformed, CannotReform):
                 say(f"lost {lost}: {reformed.reason} to resume from {self._resume_point()}", error=True)
                 return EXIT_RESTARTABLE
