@@ -1,5 +1,5 @@
 """`DatasetSource`: the job's `tf.data.Dataset` of single examples (element i = example i), read by
-position (worker/input/positions.py), so memory does not grow with the set; and
+position (worker/input/position_reads.py), so memory does not grow with the set; and
 the checks that decide whether a pipeline can be read so (else it is a stream: worker/input/streams.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tensorflow.python.eager import context
 
 from chief.contract.as_written import as_written
 from chief.contract.job import JobError
-from worker.input.positions import read_positions
+from worker.input.position_reads import read_positions
 from worker.input.readahead import ReadAhead
 from worker.input.sources import Nest, Source, digest, sample_positions
 

@@ -1,4 +1,4 @@
-"""Reading a dataset by position (worker/input/positions.py): the fast route (the source's rows, then the
+"""Reading a dataset by position (worker/input/position_reads.py): the fast route (the source's rows, then the
 pipeline's maps) gives the elements `tf.data.experimental.at` gives, bit for bit, for the pipelines it
 takes, and the pipelines it does not take go the general route."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from worker.input.positions import read_positions, source_and_maps
+from worker.input.position_reads import read_positions, source_and_maps
 
 pytestmark = pytest.mark.pure
 

@@ -7,7 +7,7 @@ same elements: the source's rows at the positions (the range's values, or one `t
 then the pipeline's own map functions over them, in order (`source_and_maps`). Element i of such a
 pipeline is its maps applied to source row i, and a pipeline read by position has maps without
 random draws or state (worker/input/datasets.py sends any other to the streaming reader), so both
-routes give the same bits (tests/worker/input/test_positions.py). Anything else takes the general route.
+routes give the same bits (tests/worker/input/test_position_reads.py). Anything else takes the general route.
 """
 
 from __future__ import annotations
