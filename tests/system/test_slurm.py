@@ -383,7 +383,9 @@ def job_state(env: dict, job: str) -> dict[str, str]:
 def test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_resumes(tmp_path, slurm):
     run_dir = tmp_path / "run"
     config = tmp_path / "cluster.toml"
-    config.write_text(CONFIG.format(run_dir=run_dir).replace("steps = 20", "steps = 120").replace("every = 10", "every = 40"))
+    # 600 steps: long enough that the batch shell's `pstrain stop` (a Python start, seconds on a loaded
+    # machine) reaches the chief before the run ends by itself (at 120 it finished first under CI's load)
+    config.write_text(CONFIG.format(run_dir=run_dir).replace("steps = 20", "steps = 600").replace("every = 10", "every = 40"))
     script = tmp_path / "job.sbatch"
     flags = ["--nodes", "1", "--gpus-per-node", "0", "--time", "00:10:00", "-o", str(script)]
     result = run_pstrain(["render", "slurm", "--config", str(config), *flags])
@@ -400,17 +402,17 @@ def test_real_slurm_sbatch_stops_with_a_checkpoint_on_the_time_limit_signal_and_
     assert state.get("ExitCode") == "143:0", f"{state}\n{output[-3000:]}"
     assert "checkpoint saved, run the same command to resume" in output
     stopped_at = len(metrics(run_dir)[0])
-    assert 20 <= stopped_at < 120 and (run_dir / "checkpoints" / f"ckpt-{stopped_at}.index").exists()
+    assert 20 <= stopped_at < 600 and (run_dir / "checkpoints" / f"ckpt-{stopped_at}.index").exists()
     again = submit(script, env)
     state = wait_for(env, again, time.monotonic() + 300)
     assert state.get("ExitCode") == "0:0", f"{state}\n{(tmp_path / f'pstrain-{again}.out').read_text()[-3000:]}"
     records, done = metrics(run_dir)
-    assert [r["step"] for r in records] == list(range(120)) and done is not None
+    assert [r["step"] for r in records] == list(range(600)) and done is not None
     assert "resumed" in (run_dir / "logs" / "chief-0.log").read_text()
     left = [p for p in psutil.process_iter(["cmdline"]) if str(config) in " ".join(p.info["cmdline"] or [])]
     assert not left, f"processes left running: {[p.pid for p in left]}"
     reference = tmp_path / "standalone"
-    result = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "120"])
+    result = run_pstrain(["train", "--standalone", "--run-dir", str(reference), "--steps", "600"])
     assert result.returncode == 0, result.output
     features = digits.eval_data()[0]
     np.testing.assert_allclose(predictions(run_dir, features), predictions(reference, features), atol=1e-4, rtol=0)
