@@ -109,7 +109,8 @@ def test_an_unprivileged_user_makes_the_namespace_and_its_tasks_keep_their_uid(t
         pytest.skip("this kernel refuses unprivileged user namespaces (kernel.unprivileged_userns_clone=0)")
     root = Path(tempfile.mkdtemp(prefix="pst-nobody-"))
     try:
-        for name in ("cluster/__init__.py", "cluster/launch/__init__.py", "cluster/launch/netns.py"):
+        modules = ("__init__.py", "launch/__init__.py", "launch/netns.py", "launch/lifeline.py")  # what netns.py imports
+        for name in (f"cluster/{m}" for m in modules):
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / name, root / name)
         for path in [root, *root.rglob("*")]:
