@@ -29,6 +29,7 @@ from cluster.policy import (
     Finish,
     GiveUp,
     Kill,
+    ReformWorkers,
     RestartBudget,
     budget_phrase,
     chief_decision,
@@ -248,7 +249,7 @@ class ClusterWatch:
                 continue
             workers_here = sum(c.task.type == "worker" for c in self._servers())
             reform = collectives_decision(self.dense, len(self.cluster.workers), workers_here)
-            if child.task.type == "worker" and reform is not None and not isinstance(reform, CannotReform):
+            if child.task.type == "worker" and isinstance(reform, ReformWorkers):
                 self.lost_workers.append(child.task.log_name)
                 say(
                     f'{what}; train.dense = "allreduce": the other workers\' collectives ended with it; '
