@@ -126,14 +126,13 @@ class ClusterWatch:
                         flush=True,
                     )
                 return decision.exit_code
-            lost = self._lost_names()
+            lost_workers = list(self.lost_workers)
             reformed = self._reform_workers()
-            if reformed is True and lost == "a cluster task":  # the chief saw it first (exit 75), before a heartbeat lapsed
-                lost = "a worker (the chief saw the workers' collectives fail)"
             if isinstance(reformed, CannotReform):
-                say(f"lost {lost}: {reformed.reason} to resume from {self._resume_point()}", error=True)
+                say(f"lost {self._lost_names(lost_workers)}: {reformed.reason} to resume from {self._resume_point()}", error=True)
                 return EXIT_RESTARTABLE
-            self._restart_dead_servers()
+            self._restart_dead_servers()  # also a ps the chief found gone (exit 75) before this watch polled it
+            lost = self._lost_names(lost_workers, reformed=reformed is True)
             failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop)
             if failure:
                 say(failure, error=True)
@@ -146,8 +145,13 @@ class ClusterWatch:
             self.chief_started_at = latest_checkpoint_step(self.run_dir)
             chief = self._restarted(chief)
 
-    def _lost_names(self) -> str:
-        return ", ".join(dict.fromkeys(self.lost_ps + self.lost_workers)) or "a cluster task"
+    def _lost_names(self, workers: list[str] | None = None, reformed: bool = False) -> str:
+        """The lost ps and `workers` (default: those not yet restarted) by name; where none was seen lost
+        (the chief exited 75 first), "a worker" when the workers were re-formed, else "a cluster task"."""
+        names = ", ".join(dict.fromkeys(self.lost_ps + (self.lost_workers if workers is None else workers)))
+        if names:
+            return names
+        return "a worker (the chief saw the workers' collectives fail)" if reformed else "a cluster task"
 
     def _reform_workers(self) -> bool | CannotReform:
         """Before the chief restarts: every worker restarted (killed by pid first where running) when
