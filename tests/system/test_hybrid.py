@@ -78,22 +78,29 @@ def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("sig", "flags"), [(signal.SIGKILL, []), (signal.SIGSTOP, ["--steps-per-execution", "1"])], ids=["killed", "hung-K1"]
+    ("task", "sig", "flags"),
+    [
+        ("worker", signal.SIGKILL, []),
+        ("worker", signal.SIGSTOP, ["--steps-per-execution", "1"]),
+        ("ps", signal.SIGKILL, ["--steps-per-execution", "1"]),
+    ],
+    ids=["killed", "hung-K1", "ps-killed-K1"],
 )
-def test_a_lost_worker_restarts_every_worker_and_the_run_ends_with_the_standalone_model(tmp_path, sig, flags):
+def test_a_lost_task_restarts_every_worker_and_the_run_ends_with_the_standalone_model(tmp_path, task, sig, flags):
     """A worker killed (or hung, with one step per block) mid-run aborts the survivors' collectives for
     good (../shared/notes/hybrid.md): the launcher restarts every worker, then the chief, which resumes
     from the last checkpoint with a fresh collective group; the run ends with the standalone model, no
-    error line, every process reaped."""
+    error line, every process reaped. A killed ps (its variables lost) restarts with them."""
     name, run_dir, killed = "tests.jobs.hybrid:adam", tmp_path / "run", []
     args = ["launch", "--job", name, "--dense", "allreduce", "--steps", "120", "--checkpoint-every", "25"]
     args += ["--run-dir", str(run_dir), *flags]
-    result = run_pstrain(args, signal_when=kill_task_when(run_dir, "worker", 1, 40, killed, sig), send=None, timeout=400)
+    victim = 1 if task == "worker" else 0
+    result = run_pstrain(args, signal_when=kill_task_when(run_dir, task, victim, 40, killed, sig), send=None, timeout=400)
     assert killed
     assert result.returncode == 0, result.output
     warned = [line for line in result.output.splitlines() if "restarting every worker and the chief" in line]
-    # named by the launcher when it saw the worker go, else the chief saw the collectives fail first
-    named = ("lost worker-1", "the chief saw the workers' collectives fail")
+    # named by the launcher when it saw the task go, else (a worker) the chief saw the collectives fail first
+    named = ("lost ps-0",) if task == "ps" else ("lost worker-1", "the chief saw the workers' collectives fail")
     assert len(warned) == 1 and any(n in warned[0] for n in named) and "from checkpoint step " in warned[0], result.output
     assert "pstrain: error:" not in result.output and "Traceback" not in result.output, result.output
     largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=120))
