@@ -239,7 +239,7 @@ def predict_allreduce(
       steps of one round trip each, after an int gather of the slots (N-1 more). Bytes both ways are
       summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The CPU
       of the exchange's messages is not modelled (not measured); on loopback it costs nothing here.
-    With one worker there is no exchange."""
+    With one worker, or no dense variable, there is no exchange."""
     n, p = scenario.workers, scenario.ps
     tables = [v for v in variables if v.row_sparse]
     dense = [v for v in variables if not v.row_sparse]
@@ -258,7 +258,8 @@ def predict_allreduce(
     if scenario.bandwidth:
         ps_network = max(ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
         own = sum(v.pull_bytes + v.push_bytes for v in tables)
-        worker_network = (own + 2 * (n - 1) * dense_bytes) / scenario.bandwidth + 2 * (n - 1) * scenario.rtt_s
+        ring = n - 1 if dense else 0  # ring steps of the gather (none without a dense variable)
+        worker_network = (own + 2 * ring * dense_bytes) / scenario.bandwidth + 2 * ring * scenario.rtt_s
     loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": ps_network, "worker network": worker_network}
     return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
 
