@@ -29,7 +29,9 @@ def test_plan_predicts_the_measured_step_within_a_quarter():
     pairs = {}  # (workers, ps) -> (measured ms, predicted ms)
     for w, p, measured, model in re.findall(r"(\d+) workers, (\d+) ps: measured ([\d.]+) ms, model ([\d.]+) ms", result.output):
         pairs[int(w), int(p)] = float(measured), float(model)
-    predicted = {int(p): float(ms) for p, ms in re.findall(r"^\| 4 \| (\d) \| ([\d.]+) \|", result.output, re.M)}
+    predicted = {int(p): float(ms) for p, ms in re.findall(r"^\| ps \| 4 \| (\d) \| ([\d.]+) \|", result.output, re.M)}
+    # the default job's legacy Adam: the launch refuses train.dense = "allreduce", and the plan says so in one line
+    assert 'pstrain plan: train.dense = "ps" only; the launch refuses "allreduce" for this job (' in result.output
     assert sorted(pairs) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)] and sorted(predicted) == [1, 2], result.output
     for ps in (1, 2):
         pairs[4, ps] = measure(JOB, 4, ps, BATCH, STEPS, STEPS // 3).step_s * 1e3, predicted[ps]
