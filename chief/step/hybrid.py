@@ -17,6 +17,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import tensorflow as tf
 import tf_keras
@@ -38,6 +39,7 @@ COLLECTIVES_LOST = ("Collective ops is aborted", "expects a different device inc
 # lost worker holds the chief (seen once: its collectives' partner gone, the coordinator re-ran closures
 # without end while the chief's reads of the ps waited): the run ends rather than hang.
 WATCHDOG_S = 180.0
+KINDS = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
 
 
 def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str | None:
@@ -64,10 +66,17 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
         return f'train.dense = "allreduce": the dense variable {sharded[0]} is sharded across ps tasks; use --ps 1, {FIX}'
     if replica.state_variables:
         return f'train.dense = "allreduce" does not keep forward-pass state (BatchNormalization) yet: {FIX}'
-    if type(optimizer).__module__.split(".")[0] != "tf_keras" or not isinstance(optimizer, tf_keras.optimizers.Optimizer):
-        return f'train.dense = "allreduce" takes tf_keras.optimizers.* only (not legacy, loss-scaled or Keras 3 ones): {FIX}'
-    if clipping_of(optimizer).steps() or optimizer.weight_decay or optimizer.use_ema:
+    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+        return f'train.dense = "allreduce" does not take a loss-scaled optimizer (mixed_float16) yet: {FIX}'
+    if type(optimizer).__module__.split(".")[0] != "tf_keras" or not isinstance(optimizer, KINDS):
+        return (
+            'train.dense = "allreduce" takes tf_keras.optimizers.* and tf_keras.optimizers.legacy.* only '
+            f"(not Keras 3 ones): {FIX}"
+        )
+    if clipping_of(optimizer).steps() or getattr(optimizer, "weight_decay", None) or getattr(optimizer, "use_ema", False):
         return f'train.dense = "allreduce" does not take clipping, weight_decay or use_ema yet: {FIX}'
+    if getattr(optimizer, "gradient_transformers", None):
+        return f'train.dense = "allreduce" does not take a legacy optimizer\'s gradient_transformers: {FIX}'
     try:
         places(replica.model, dense)
     except ValueError as e:
@@ -82,7 +91,7 @@ def refuse(job: Job, train: TrainConfig, replica: Replica, workers: int) -> None
 
 
 def slot_lists(optimizer) -> list:
-    """The optimizer's per-variable slot lists (e.g. Adam's m and v), in a fixed order."""
+    """A new-style optimizer's per-variable slot lists (e.g. Adam's m and v), in a fixed order."""
     count = len(optimizer._index_dict)
     return [
         value
@@ -93,6 +102,50 @@ def slot_lists(optimizer) -> list:
         and len(value) == count
         and all(isinstance(v, tf.Variable) for v in value)
     ]
+
+
+def slot_pairs(ours, theirs, copies: Sequence[tf.Variable], originals: Sequence[tf.Variable], positions: Sequence[int]) -> list:
+    """(our slot, their slot) for every slot of every copied variable: `ours` is the copies' optimizer,
+    `theirs` the ps's over all trainable variables (`positions`: the copies' indices among them)."""
+    if isinstance(theirs, tf_keras.optimizers.legacy.Optimizer):
+        return [
+            (ours.get_slot(copy, name), theirs.get_slot(original, name))
+            for name in theirs.get_slot_names()
+            for copy, original in zip(copies, originals, strict=True)
+        ]
+    pairs = []
+    for j, position in enumerate(positions):
+        pairs += [(mine[j], other[position]) for mine, other in zip(slot_lists(ours), slot_lists(theirs), strict=True)]
+    return pairs
+
+
+def share_hyperparameters(ours, theirs) -> None:
+    """Make `ours` read `theirs`'s learning rate (a legacy optimizer's: every hyperparameter variable),
+    so a callback that sets them on the chief's optimizer (LearningRateScheduler, ReduceLROnPlateau)
+    sets them for the copies' updates too. Before `ours` creates its slots."""
+    if isinstance(theirs, tf_keras.optimizers.legacy.Optimizer):
+        for name, value in theirs._hyper.items():
+            if isinstance(value, tf.Variable):
+                ours._hyper[name] = value
+    elif isinstance(theirs._learning_rate, tf.Variable):  # else a schedule of the (paired) step count
+        ours._learning_rate = theirs._learning_rate
+
+
+def legacy_apply(optimizer, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> tf.Tensor:
+    """A legacy optimizer's update of `variables` by the dense `grads`: the kernels, constraints and step
+    count its `apply_gradients` runs, without the strategy's `update` (which refuses to run unaggregated
+    under ParameterServerStrategy; the copies belong to no strategy). No clipping: `refusal` refuses it."""
+    apply_state = optimizer._prepare(variables)
+    kwargs = {"apply_state": apply_state} if "apply_state" in optimizer._dense_apply_args else {}
+    updates = []
+    for grad, variable in zip(grads, variables, strict=True):
+        update = optimizer._resource_apply_dense(grad, variable, **kwargs)
+        if variable.constraint is not None:
+            with tf.control_dependencies([update]):
+                update = variable.assign(variable.constraint(variable))
+        updates.append(update)
+    with tf.control_dependencies(updates):
+        return optimizer.iterations.assign_add(1)
 
 
 class DenseCopies:
@@ -113,6 +166,7 @@ class DenseCopies:
             copy = made[-1]
             copy._unique_id = f"pstrain_worker_copy_{len(made)}"
             copy._constraint = None
+            copy._distribute_strategy = None  # made outside any strategy scope (a legacy optimizer checks its slots are)
             return copy
 
         with tf.device(worker0), tf.variable_creator_scope(creator):
@@ -120,15 +174,14 @@ class DenseCopies:
             for copy, original in zip(self.copies, self.originals, strict=True):
                 copy._constraint = original.constraint
             self.optimizer = job.optimizer_fn()
+            share_hyperparameters(self.optimizer, state.optimizer)
             create_optimizer_slots(self.optimizer, self.copies)
             # The step the copies are at: a closure that ClusterCoordinator re-ran must not update them twice.
             self.step = tf.Variable(state.global_step.read_value, dtype=tf.int64, trainable=False, name="pstrain_copies_step")
         self.pairs = list(zip(self.copies, self.originals, strict=True))
         main = state.optimizer
         self.pairs.append((self.optimizer.iterations, main.iterations))
-        ours, theirs = slot_lists(self.optimizer), slot_lists(main)
-        for j, position in enumerate(self.positions):
-            self.pairs += [(mine[j], other[position]) for mine, other in zip(ours, theirs, strict=True)]
+        self.pairs += slot_pairs(self.optimizer, main, self.copies, self.originals, self.positions)
         for copy, source in self.pairs:  # each worker's copy starts from the ps's value (made when first traced)
             made_by = copy._var_creator
             copy._var_creator = functools.partial(made_by.func, **{**made_by.keywords, "initial_value": source.read_value})
@@ -144,7 +197,10 @@ class DenseCopies:
 
     def apply(self, step, means) -> tf.Tensor:
         """In a replica context on a worker: `step`'s mean dense gradients applied to this worker's copies."""
-        applied = self.optimizer.apply_gradients(zip(means, self.copies, strict=True), experimental_aggregate_gradients=False)
+        if isinstance(self.optimizer, tf_keras.optimizers.legacy.Optimizer):
+            applied = legacy_apply(self.optimizer, means, self.copies)
+        else:
+            applied = self.optimizer.apply_gradients(zip(means, self.copies, strict=True), experimental_aggregate_gradients=False)
         with tf.control_dependencies([applied]):
             return self.step.assign(step + 1)
 

@@ -43,7 +43,7 @@ import psutil
 
 from tests.benchmarks import links
 from tests.benchmarks.drawn import check_fits
-from tests.benchmarks.jobs import DATA_JOBS, JOBS, JOBS_ALLREDUCE, parameters, write_bench_data
+from tests.benchmarks.jobs import DATA_JOBS, JOBS, parameters, write_bench_data
 from tests.benchmarks.network import OPEN, add_network_flag, apply_network_flag, network_text, private_network
 from tests.benchmarks.rounds import PeerFailed, add_round_args, print_size, run_size
 from tests.benchmarks.window import block_ends, measure
@@ -270,8 +270,7 @@ def startup_line(runs: list[dict]) -> str:
 
 def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu", k: int | None = None) -> dict:
     if peer.startswith("pstrain"):
-        job = JOBS_ALLREDUCE[size] if peer == "pstrain-allreduce" else None
-        return peer_pstrain(size, batch, steps, job=job, extra=PSTRAIN_FLAGS.get(peer), device=device)
+        return peer_pstrain(size, batch, steps, extra=PSTRAIN_FLAGS.get(peer), device=device)
     return launch_peer("tests.benchmarks.peers", peer, size, batch, steps, device=device, k=k)
 
 
@@ -444,4 +443,7 @@ def scaling_table(rows: list[dict], batch: int) -> str:
 
 
 if __name__ == "__main__":
+    from tests.benchmarks.command import end_on_sigterm
+
+    end_on_sigterm()
     raise SystemExit(main())

@@ -8,6 +8,7 @@ own main. No TensorFlow is imported here: a main's --help and its refusals stay 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -36,7 +37,14 @@ def role_process(workload: str, roles: dict[str, Callable[[str, int, int], None]
 
 def main_or_role(workload: str, roles: dict[str, Callable[[str, int, int], None]], main: Callable[[], int]) -> NoReturn:
     """A module's `__main__`: a role process where the first argument is a role (role_process), else
-    `main()`'s exit status."""
+    `main()`'s exit status, ended by SIGTERM as by Ctrl-C (`end_on_sigterm`)."""
     if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
         role_process(workload, roles)
+    end_on_sigterm()
     raise SystemExit(main())
+
+
+def end_on_sigterm() -> None:
+    """A benchmark's main ends on SIGTERM as on Ctrl-C: through its finally blocks, which stop the
+    processes of its runs (and, with --link, remove their hosts); exit 143."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

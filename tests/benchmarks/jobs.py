@@ -97,25 +97,6 @@ class Mlp50M(_Mlp):
 JOBS = {"1m": "tests.benchmarks.jobs:Mlp1M", "10m": "tests.benchmarks.jobs:Mlp10M", "50m": "tests.benchmarks.jobs:Mlp50M"}
 
 
-def plain_sgd(learning_rate: float):
-    """`tf_keras.optimizers.SGD`: legacy SGD's update (var -= lr x grad), in the optimizer the hybrid step
-    takes (chief/step/hybrid.py refuses legacy ones): the peer pstrain-allreduce's jobs."""
-    import tf_keras
-
-    return tf_keras.optimizers.SGD(learning_rate=learning_rate)
-
-
-class Mlp1MAllreduce(Mlp1M):
-    optimizer_fn = staticmethod(lambda: plain_sgd(0.01))
-
-
-class Mlp10MAllreduce(Mlp10M):
-    optimizer_fn = staticmethod(lambda: plain_sgd(0.01))
-
-
-JOBS_ALLREDUCE = {"1m": "tests.benchmarks.jobs:Mlp1MAllreduce", "10m": "tests.benchmarks.jobs:Mlp10MAllreduce"}
-
-
 # --- where the data lives (bench.py --data): the 1 M MLP fed four ways ------------------------------
 # $PSTRAIN_BENCH_DATA holds x.npy / y.npy (the large set) and files/NNNNNNN.bin (one example per file),
 # written by bench.py before any timing.

@@ -130,32 +130,6 @@ class Rec10M(_Job):
 JOBS = {"tiny": "tests.benchmarks.recsys:RecTiny", "1m": "tests.benchmarks.recsys:Rec1M", "10m": "tests.benchmarks.recsys:Rec10M"}
 
 
-def hybrid_optimizer():
-    """optimizer()'s update in the optimizer the hybrid step takes (pstrain-allreduce; tests/benchmarks/jobs.py)."""
-    from tests.benchmarks.jobs import plain_sgd
-
-    return plain_sgd(0.05)
-
-
-class _Allreduce(_Job):
-    optimizer_fn = staticmethod(hybrid_optimizer)
-
-
-class RecTinyAllreduce(_Allreduce):
-    size = "tiny"
-
-
-class Rec1MAllreduce(_Allreduce):
-    size = "1m"
-
-
-class Rec10MAllreduce(_Allreduce):
-    size = "10m"
-
-
-JOBS_ALLREDUCE = {size: f"{spec}Allreduce" for size, spec in JOBS.items()}
-
-
 # ---- peer roles (each runs in its own process) ----
 
 
@@ -238,7 +212,7 @@ def run_peer(peer: str, size: str, batch: int, steps: int, device: str = "cpu", 
     from tests.benchmarks.bench import PSTRAIN_FLAGS, launch_peer, peer_pstrain
 
     if peer.startswith("pstrain"):
-        job = (JOBS_ALLREDUCE if peer == "pstrain-allreduce" else JOBS)[size]
+        job = JOBS[size]  # pstrain-allreduce too: the hybrid step takes legacy SGD (row-sparse table updates)
         return peer_pstrain(size, batch, steps, job=job, extra=PSTRAIN_FLAGS.get(peer), device=device)
     return launch_peer("tests.benchmarks.recsys", peer, size, batch, steps, device=device, k=k)
 

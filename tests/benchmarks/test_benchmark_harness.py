@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,7 +22,7 @@ from tests.benchmarks.recsys import PEERS as RECSYS_PEERS
 from tests.benchmarks.recsys import tower_parameters
 from tests.benchmarks.rounds import shuffled
 from tests.benchmarks.window import measure
-from tests.helpers import ROOT
+from tests.helpers import ROOT, Result, assert_no_orphans, descendant_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -200,3 +202,19 @@ def test_the_private_network_ab_runs_pstrain_both_ways_and_records_it(tmp_path):
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["private_network"] is False and results["runs"]["1m"]["pstrain"][0]["private_network"] is False
+
+
+def test_sigterm_on_a_loopback_invocation_stops_every_process_it_started():
+    """SIGTERM ends a benchmark as Ctrl-C does: its runs' processes are stopped, exit 143 (it once left
+    the role processes running: the handler was set for --link invocations only)."""
+    argv = [sys.executable, "-m", "tests.benchmarks.bench", "--sizes", "1m", "--peers", "tf1", "--repeats", "1"]
+    bench = subprocess.Popen([*argv, "--steps", "4000", "--warmup-rounds", "0"], cwd=ROOT, stdout=subprocess.DEVNULL)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and bench.poll() is None and len(seen) < 3:  # the ps and both workers
+        seen |= descendant_pids([bench.pid])
+        time.sleep(0.3)
+    assert len(seen) >= 3, "the tf1 peer's processes started"
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=120) == 128 + signal.SIGTERM
+    assert_no_orphans(Result(0, "", seen))

@@ -31,6 +31,10 @@ class WithOptimizer(Recommender):
             return tf_keras.optimizers.Adam(learning_rate=0.01, clipnorm=1.0)
         if self.optimizer == "legacy":
             return tf_keras.optimizers.legacy.Adam(learning_rate=0.01)
+        if self.optimizer == "legacy-sgd":  # the tables updated row-sparse (the new-style SGD's are dense)
+            return tf_keras.optimizers.legacy.SGD(learning_rate=0.05, momentum=0.9)
+        if self.optimizer == "loss-scaled":
+            return tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(learning_rate=0.05))
         return tf_keras.optimizers.Adam(learning_rate=0.01)
 
 
@@ -39,4 +43,17 @@ adam = WithOptimizer(**SIZES)
 momentum = WithOptimizer(**SIZES, optimizer="momentum")
 clipped = WithOptimizer(**SIZES, optimizer="clipped")
 legacy = WithOptimizer(**SIZES, optimizer="legacy")
+legacy_sgd = WithOptimizer(**SIZES, optimizer="legacy-sgd")
+loss_scaled = WithOptimizer(**SIZES, optimizer="loss-scaled")
 tower = WithOptimizer(**SIZES, tower=1024)  # 1.1 M dense parameters: a timing of "ps" against "allreduce"
+
+
+@dataclass(frozen=True)
+class Scheduled(WithOptimizer):
+    """Halves the learning rate from the second epoch, with Keras's own LearningRateScheduler."""
+
+    def callbacks_fn(self):
+        return [tf_keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.01 if epoch == 0 else 0.005)]
+
+
+scheduled = Scheduled(**SIZES)

@@ -34,8 +34,13 @@ def assert_same_run(run_dir, reference, features) -> None:
 
 @pytest.mark.parametrize(
     ("job", "flags"),
-    [("adam", []), ("momentum", ["--ps", "2", "--steps-per-execution", "1"])],
-    ids=["adam-default-K", "momentum-2ps-K1"],
+    [
+        ("adam", []),
+        ("momentum", ["--ps", "2", "--steps-per-execution", "1"]),
+        ("legacy", []),
+        ("legacy_sgd", ["--ps", "2", "--steps-per-execution", "1"]),
+    ],
+    ids=["adam-default-K", "momentum-2ps-K1", "legacy-adam-default-K", "legacy-sgd-2ps-K1"],
 )
 def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, flags):
     """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process."""
@@ -47,6 +52,18 @@ def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, f
     assert result.returncode == 0, result.output
     assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
     assert_no_orphans(result)
+
+
+def test_a_learning_rate_set_by_a_callback_reaches_the_workers_copies(tmp_path):
+    """Keras's LearningRateScheduler halves the rate from epoch 2 on the chief's optimizer; the workers'
+    copies of the tower update with it (they once kept the first rate: a different model, no error)."""
+    name, run_dir, reference = "tests.jobs.hybrid:scheduled", tmp_path / "run", tmp_path / "standalone"
+    result = run_pstrain(["launch", "--job", name, "--dense", "allreduce", "--epochs", "2", "--run-dir", str(run_dir)])
+    assert result.returncode == 0, result.output
+    alone = run_pstrain(["train", "--standalone", "--job", name, "--epochs", "2", "--run-dir", str(reference)])
+    assert alone.returncode == 0, alone.output
+    assert_same_run(run_dir, reference, hybrid.adam.eval_data()[0])
+    assert metrics(run_dir)[0][-1]["learning_rate"] == pytest.approx(0.005)
 
 
 def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
