@@ -69,7 +69,9 @@ def test_a_keras3_table_the_launch_refuses_split_says_why():
         ("tests.jobs.hybrid:momentum", "", 1),
         ("tests.jobs.wide_deep", "does not keep forward-pass state (BatchNormalization)", 0),
         ("tests.jobs.keras3:Sharded", "takes tf_keras models only (the job uses Keras 3)", 0),
-        ("chief.jobs.recommender:small", "takes tf_keras.optimizers.* only", 0),  # a legacy Adagrad
+        ("chief.jobs.recommender:small", "", 1),  # a legacy Adagrad: its accumulator
+        ("chief.jobs.digits", "", 2),  # a legacy Adam
+        ("tests.jobs.hybrid:clipped", "does not take clipping", 0),
     ],
 )
 def test_what_allreduce_makes_of_the_job_is_the_launchs_own_refusal(job, refused, slots):
