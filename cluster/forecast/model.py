@@ -244,7 +244,7 @@ def predict_allreduce(
     tables = [v for v in variables if v.row_sparse]
     dense = [v for v in variables if not v.row_sparse]
     pull, push = _on_each_ps(tables, placement, p)
-    _, held = _on_each_ps(dense, [piece for piece in placement if piece.name in {v.name for v in dense}], p)
+    _, held = _on_each_ps(dense, placement, p)
     written = [x * (1 + slots) / block for x in held]  # the dense variables' push bytes are their full size
     total_push = sum(v.push_bytes for v in variables) or 1.0
     ps_cpu = tuple(
