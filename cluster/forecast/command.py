@@ -11,8 +11,8 @@ from cluster.config import DEFAULT_JOB, TrainConfig, check_job_module
 from cluster.errors import ConfigError
 from cluster.forecast import report
 from cluster.forecast.model import (
+    Costs,
     Observation,
-    Prediction,
     Scenario,
     allreduce_refusal,
     balanced_placement,
@@ -98,22 +98,8 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"pstrain plan: predicted for global batch {batch}, {args.bandwidth} per machine, {args.rtt:g} ms round trip, {where}:")
     if found.allreduce_refused:
         print(f'pstrain plan: train.dense = "ps" only; the launch refuses "allreduce" for this job ({found.allreduce_refused})')
-    rows, modes, lines = [], [], []
-    for workers in plan["workers"]:
-        for ps in plan["ps"]:
-            scenario = Scenario(workers, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores)
-            by_ps = predict(costs, variables, pstrain_placement(variables, ps), scenario)
-            rows.append((workers, ps, by_ps))
-            modes.append("ps")
-            if found.allreduce_refused:
-                continue
-            allreduce = allreduce_step(costs, found, scenario)
-            if isinstance(allreduce, str):
-                lines.append(report.dense_line(workers, ps, by_ps, None, allreduce))
-                continue
-            rows.append((workers, ps, allreduce))
-            modes.append("allreduce")
-            lines.append(report.dense_line(workers, ps, by_ps, allreduce, ""))
+    scenarios = [Scenario(w, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores) for w in plan["workers"] for ps in plan["ps"]]
+    rows, modes, lines = both_modes(costs, found, scenarios, TrainConfig().steps_per_execution)
     print("\n".join(report.table(rows, modes)))
     if lines:
         print('pstrain plan: train.dense (the default is "ps"; "allreduce" where predicted at least 5 % faster):')
@@ -131,12 +117,28 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def allreduce_step(costs, found: JobBytes, scenario: Scenario) -> Prediction | str:
-    """The step with train.dense = "allreduce" (the launch's default K), or why it is refused on this ps count."""
-    if why := allreduce_refusal(found.variables, scenario.ps):
-        return why
-    placement = pstrain_placement(found.variables, scenario.ps)
-    return predict_allreduce(costs, found.variables, placement, scenario, found.slots, TrainConfig().steps_per_execution)
+def both_modes(costs: Costs, found: JobBytes, scenarios: list[Scenario], block: int) -> tuple[list, list[str], list[str]]:
+    """Pure: the table's rows (workers, ps, prediction) and their train.dense, "ps" for every scenario and
+    "allreduce" after it where taken, with K = `block`; and a line per scenario saying which mode to set,
+    or why "allreduce" is refused on that ps count. No "allreduce" rows or lines where the launch refuses
+    it for the job (`found.allreduce_refused`: its own one line)."""
+    rows, modes, lines = [], [], []
+    for scenario in scenarios:
+        workers, ps = scenario.workers, scenario.ps
+        by_ps = predict(costs, found.variables, pstrain_placement(found.variables, ps), scenario)
+        rows.append((workers, ps, by_ps))
+        modes.append("ps")
+        if found.allreduce_refused:
+            continue
+        if why := allreduce_refusal(found.variables, ps):
+            lines.append(report.dense_line(workers, ps, by_ps, None, why))
+            continue
+        placement = pstrain_placement(found.variables, ps)
+        allreduce = predict_allreduce(costs, found.variables, placement, scenario, found.slots, block)
+        rows.append((workers, ps, allreduce))
+        modes.append("allreduce")
+        lines.append(report.dense_line(workers, ps, by_ps, allreduce, ""))
+    return rows, modes, lines
 
 
 def refuse_split(job: str, variables: list, ps_counts: list[int]) -> None:

@@ -207,3 +207,20 @@ def test_allreduce_is_refused_where_a_dense_variable_would_be_split_and_chosen_o
     assert by_ps.loads["ps network"] == pytest.approx(16 * 2 * 200_000 / 1.25e8)
     assert hybrid.binding == "worker network" and hybrid.step_s == pytest.approx(2 * 15 * 800_000 / 1.25e8)
     assert choose_dense(by_ps, hybrid) == "ps"
+
+
+def test_the_plan_predicts_both_modes_per_scenario_or_says_why_not():
+    from cluster.forecast.command import both_modes
+    from cluster.forecast.variables import JobBytes
+
+    wide = Variable("wide/kernel:0", 1 << 20, 1024, 1 << 20, 1 << 20)  # split on 2 ps: "allreduce" refused there
+    scenarios = [Scenario(16, 1, 128, 1.25e9), Scenario(16, 2, 128, 1.25e9)]
+    rows, modes, lines = both_modes(costs(), JobBytes([TABLE, wide], "", 2), scenarios, 64)
+    assert modes == ["ps", "allreduce", "ps"] and [(w, p) for w, p, _ in rows] == [(16, 1), (16, 1), (16, 2)]
+    assert rows[1][2] == allreduce(costs(), [TABLE, wide], scenarios[0], slots=2, block=64)
+    assert lines[0].startswith('  16 workers, 1 ps: train.dense = "allreduce" ("allreduce" ')
+    split = "the dense variable wide/kernel would be split over 2 ps; it takes --ps 1"
+    assert lines[1].endswith(f'"allreduce" is refused there: {split}')
+    refused = JobBytes([TABLE, wide], 'train.dense = "allreduce" takes tf_keras models only (the job uses Keras 3): ...', 0)
+    rows, modes, lines = both_modes(costs(), refused, scenarios, 64)
+    assert modes == ["ps", "ps"] and lines == []  # the launch's own line is printed once, for the job
