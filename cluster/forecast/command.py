@@ -7,20 +7,23 @@ import argparse
 import signal
 from pathlib import Path
 
-from cluster.config import DEFAULT_JOB, check_job_module
+from cluster.config import DEFAULT_JOB, TrainConfig, check_job_module
 from cluster.errors import ConfigError
 from cluster.forecast import report
 from cluster.forecast.model import (
+    Costs,
     Observation,
     Scenario,
+    allreduce_refusal,
     balanced_placement,
     fit,
     predict,
+    predict_allreduce,
     propose_ps,
     pstrain_placement,
     refused_split,
 )
-from cluster.forecast.variables import job_variables
+from cluster.forecast.variables import JobBytes, job_bytes
 
 DEFAULT_RUNS = "1x1,2x1,1x2,2x2,1x4"
 
@@ -70,7 +73,8 @@ def run_plan(args: argparse.Namespace) -> int:
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     batch = args.global_batch_size
     try:
-        variables = job_variables(args.job, batch // max(plan["workers"]))  # rows touched by the largest count's share
+        found = job_bytes(args.job, batch // max(plan["workers"]))  # rows touched by the largest count's share
+        variables = found.variables
         refuse_split(args.job, variables, [*plan["ps"], *(ps for _, ps in plan["runs"])])
         observations = measure_runs(args, plan["runs"])
     except KeyboardInterrupt:
@@ -92,12 +96,14 @@ def run_plan(args: argparse.Namespace) -> int:
     cores = costs.cores if plan["cores"] == "here" else plan["cores"]
     where = f"every task sharing {cores:.2f} cores" if cores else "a machine per task"
     print(f"pstrain plan: predicted for global batch {batch}, {args.bandwidth} per machine, {args.rtt:g} ms round trip, {where}:")
-    rows = []
-    for workers in plan["workers"]:
-        for ps in plan["ps"]:
-            scenario = Scenario(workers, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores)
-            rows.append((workers, ps, predict(costs, variables, pstrain_placement(variables, ps), scenario)))
-    print("\n".join(report.table(rows)))
+    if found.allreduce_refused:
+        print(f'pstrain plan: train.dense = "ps" only; the launch refuses "allreduce" for this job ({found.allreduce_refused})')
+    scenarios = [Scenario(w, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores) for w in plan["workers"] for ps in plan["ps"]]
+    rows, modes, lines = both_modes(costs, found, scenarios, TrainConfig().steps_per_execution)
+    print("\n".join(report.table(rows, modes)))
+    if lines:
+        print('pstrain plan: train.dense (the default is "ps"; "allreduce" where predicted at least 5 % faster):')
+        print("\n".join(lines))
     for workers in plan["workers"]:
         scenario = Scenario(workers, 1, batch, plan["bandwidth"], args.rtt / 1e3, cores)
         count, best = propose_ps(costs, variables, scenario)
@@ -109,6 +115,30 @@ def run_plan(args: argparse.Namespace) -> int:
         )
         print("\n".join(report.placement_lines(placement, best)))
     return 0
+
+
+def both_modes(costs: Costs, found: JobBytes, scenarios: list[Scenario], block: int) -> tuple[list, list[str], list[str]]:
+    """Pure: the table's rows (workers, ps, prediction) and their train.dense, "ps" for every scenario and
+    "allreduce" after it where taken, with K = `block`; and a line per scenario saying which mode to set,
+    or why "allreduce" is refused on that ps count. No "allreduce" rows or lines where the launch refuses
+    it for the job (`found.allreduce_refused`: its own one line)."""
+    rows, modes, lines = [], [], []
+    for scenario in scenarios:
+        workers, ps = scenario.workers, scenario.ps
+        by_ps = predict(costs, found.variables, pstrain_placement(found.variables, ps), scenario)
+        rows.append((workers, ps, by_ps))
+        modes.append("ps")
+        if found.allreduce_refused:
+            continue
+        if why := allreduce_refusal(found.variables, ps):
+            lines.append(report.dense_line(workers, ps, by_ps, None, why))
+            continue
+        placement = pstrain_placement(found.variables, ps)
+        allreduce = predict_allreduce(costs, found.variables, placement, scenario, found.slots, block)
+        rows.append((workers, ps, allreduce))
+        modes.append("allreduce")
+        lines.append(report.dense_line(workers, ps, by_ps, allreduce, ""))
+    return rows, modes, lines
 
 
 def refuse_split(job: str, variables: list, ps_counts: list[int]) -> None:

@@ -11,7 +11,8 @@ A synchronous step has four resources that each must do their share of it:
   chief_per_ps_s * (P - 1)` (measured: a step up from one ps to two, then less per ps).
 The predicted step is the largest of them (the one that binds), a roofline: the others overlap with it.
 Where every task shares `cores` cores (one machine, as in the measured run), all tasks' CPU over the
-cores is a fifth bound, `shared cores`.
+cores is a fifth bound, `shared cores`. That is train.dense = "ps" (`predict`); train.dense =
+"allreduce", the hybrid step, is `predict_allreduce`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Variable:
     pull_bytes: float
     push_bytes: float
     split_refused: str = ""  # why the launch refuses it split over ps (a Keras 3 Lamb's table); "" where it trains split
+    row_sparse: bool = False  # its gradient is row slices (a table): it stays on the ps with train.dense = "allreduce"
 
 
 @dataclass(frozen=True)
@@ -190,28 +192,108 @@ def _piece_load(v: Variable, fraction: float, variables: Sequence[Variable], cos
 
 
 def predict(costs: Costs, variables: Sequence[Variable], placement: Sequence[Piece], scenario: Scenario) -> Prediction:
-    """The step of `scenario` with the variables placed as `placement` says (see the module's docstring)."""
+    """The step of `scenario` with train.dense = "ps" and the variables placed as `placement` says (see the
+    module's docstring)."""
     n, p = scenario.workers, scenario.ps
-    by_name = {v.name: v for v in variables}
+    pull, push = _on_each_ps(variables, placement, p)
     total_push = sum(v.push_bytes for v in variables)
-    push, pull = [0.0] * p, [0.0] * p
-    for piece in placement:
-        v = by_name[piece.name]
-        push[piece.ps] += v.push_bytes * piece.fraction
-        pull[piece.ps] += v.pull_bytes * piece.fraction
     shares = [x / total_push if total_push else 1.0 / p for x in push]
     ps_cpu = tuple(costs.ps_base_s + n * costs.ps_request_s + n * costs.ps_gradient_s * s for s in shares)
     ps_bytes = tuple(n * (a + b) for a, b in zip(pull, push, strict=True))
-    worker = costs.worker_base_s + costs.worker_example_s * scenario.batch / n + costs.worker_per_ps_s * p
-    chief = costs.chief_base_s + costs.chief_per_worker_s * n + (costs.chief_sharded_s if p > 1 else 0.0)
-    chief += costs.chief_per_ps_s * (p - 1)
     network = 0.0
     if scenario.bandwidth:
         one_worker = sum(v.pull_bytes + v.push_bytes for v in variables)
         network = max(one_worker, *ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
-    loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": network, "chief": chief}
+    loads = {"worker compute": _worker_s(costs, scenario), "ps CPU": max(ps_cpu), "ps network": network}
+    return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
+
+
+def allreduce_refusal(variables: Sequence[Variable], num_ps: int) -> str:
+    """Why train.dense = "allreduce" refuses the job's variables on `num_ps` ps (chief/step/hybrid.py
+    `refusal`: no dense variable to replicate, or a dense one split over ps), or "" where it takes them."""
+    dense = [v for v in variables if not v.row_sparse]
+    if not dense:
+        return "the model has no dense trainable variable to replicate"
+    if split := [v.name for v in dense if shards(v, num_ps) > 1]:
+        return f"the dense variable {split[0].removesuffix(':0')} would be split over {num_ps} ps; it takes --ps 1"
+    return ""
+
+
+def predict_allreduce(
+    costs: Costs, variables: Sequence[Variable], placement: Sequence[Piece], scenario: Scenario, slots: int, block: int
+) -> Prediction:
+    """The step of `scenario` with train.dense = "allreduce" (docs/design.md, the hybrid step), the costs
+    fitted on "ps" runs. Call it only where `allreduce_refusal` is "".
+
+    - The tables (`Variable.row_sparse`) are pulled, pushed and applied on the ps as with "ps"; each ps
+      still takes one request per worker per step (the loss, the tables, the step gate).
+    - The dense variables' bytes leave the ps but for the write-back: one worker writes its copies
+      and their `slots` optimizer slots back once per `block` (K) steps, `bytes * (1 + slots) / block`
+      per step, charged at the ps's per-byte cost of one gradient (not measured: an assumption).
+    - Worker compute gains the dense update: every worker sums the N gathered gradients and applies
+      them, charged as the ps's per-byte cost (`ps_gradient_s`) of the dense share of the bytes, N
+      gradients' worth, moved to each worker (not measured in this mode: an assumption).
+    - **worker network**: the exchange is one CollectiveGatherV2, which TF runs between CPU workers
+      as `RingGather` (collective_param_resolver_local.cc; ring_alg.cc): each worker receives N-1
+      dense gradients from its predecessor in the ring and sends N-1 to its successor, in N-1 ring
+      steps of one round trip each, after an int gather of the slots (N-1 more). Bytes both ways are
+      summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The CPU
+      of the exchange's messages is not modelled (not measured); on loopback it costs nothing here.
+    With one worker, or no dense variable, there is no exchange."""
+    n, p = scenario.workers, scenario.ps
+    tables = [v for v in variables if v.row_sparse]
+    dense = [v for v in variables if not v.row_sparse]
+    pull, push = _on_each_ps(tables, placement, p)
+    _, held = _on_each_ps(dense, placement, p)
+    written = [x * (1 + slots) / block for x in held]  # the dense variables' push bytes are their full size
+    total_push = sum(v.push_bytes for v in variables) or 1.0
+    ps_cpu = tuple(
+        costs.ps_base_s + n * costs.ps_request_s + costs.ps_gradient_s * (n * b + w) / total_push
+        for b, w in zip(push, written, strict=True)
+    )
+    ps_bytes = tuple(n * (a + b) + w for a, b, w in zip(pull, push, written, strict=True))
+    dense_bytes = sum(v.push_bytes for v in dense)
+    worker = _worker_s(costs, scenario) + n * costs.ps_gradient_s * dense_bytes / total_push
+    ps_network = worker_network = 0.0
+    if scenario.bandwidth:
+        ps_network = max(ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
+        own = sum(v.pull_bytes + v.push_bytes for v in tables)
+        ring = n - 1 if dense else 0  # ring steps of the gather (none without a dense variable)
+        worker_network = (own + 2 * ring * dense_bytes) / scenario.bandwidth + 2 * ring * scenario.rtt_s
+    loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": ps_network, "worker network": worker_network}
+    return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
+
+
+def choose_dense(ps: Prediction, allreduce: Prediction | None, margin: float = 0.05) -> str:
+    """train.dense for a scenario: "allreduce" where it is predicted more than `margin` faster than
+    "ps" (the default, and the mode the costs were measured in), else "ps"; "ps" where `allreduce` is
+    None (refused)."""
+    return "allreduce" if allreduce is not None and allreduce.step_s < ps.step_s * (1 - margin) else "ps"
+
+
+def _on_each_ps(variables: Sequence[Variable], placement: Sequence[Piece], num_ps: int) -> tuple[list[float], list[float]]:
+    """(pull, push) bytes per ps of one worker, for the pieces of `variables` in `placement`."""
+    by_name = {v.name: v for v in variables}
+    push, pull = [0.0] * num_ps, [0.0] * num_ps
+    for piece in placement:
+        if (v := by_name.get(piece.name)) is not None:
+            push[piece.ps] += v.push_bytes * piece.fraction
+            pull[piece.ps] += v.pull_bytes * piece.fraction
+    return pull, push
+
+
+def _worker_s(costs: Costs, scenario: Scenario) -> float:
+    n = scenario.workers
+    return costs.worker_base_s + costs.worker_example_s * scenario.batch / n + costs.worker_per_ps_s * scenario.ps
+
+
+def _roofline(costs: Costs, scenario: Scenario, loads: dict[str, float], ps_cpu: tuple, ps_bytes: tuple) -> Prediction:
+    """`loads` with the chief's and (tasks sharing cores) the shared cores' added; the largest binds."""
+    n, p = scenario.workers, scenario.ps
+    chief = costs.chief_base_s + costs.chief_per_worker_s * n + (costs.chief_sharded_s if p > 1 else 0.0)
+    loads["chief"] = chief + costs.chief_per_ps_s * (p - 1)
     if scenario.cores:
-        loads["shared cores"] = (n * worker + sum(ps_cpu) + chief) / scenario.cores
+        loads["shared cores"] = (n * loads["worker compute"] + sum(ps_cpu) + loads["chief"]) / scenario.cores
     binding = max(loads, key=lambda k: loads[k])
     step = loads[binding]
     return Prediction(step, scenario.batch / step, binding, loads, ps_cpu, ps_bytes)

@@ -6,11 +6,11 @@ import re
 from collections.abc import Sequence
 
 from cluster.errors import ConfigError
-from cluster.forecast.model import Costs, Piece, Prediction, Variable
+from cluster.forecast.model import Costs, Piece, Prediction, Variable, choose_dense
 
 UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 UNITS |= {"kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8, "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
-RESOURCES = ("worker compute", "ps CPU", "ps network", "chief", "shared cores")
+RESOURCES = ("worker compute", "ps CPU", "ps network", "worker network", "chief", "shared cores")
 
 
 def parse_bandwidth(text: str) -> float | None:
@@ -78,20 +78,37 @@ def costs_lines(costs: Costs, batch: int) -> list[str]:
 
 
 def bytes_line(variables: Sequence[Variable]) -> str:
-    sparse = [v for v in variables if v.push_bytes < v.bytes]
+    sparse = [v for v in variables if v.row_sparse]
     moved = sum(v.pull_bytes + v.push_bytes for v in variables)
     named = ", ".join(f"{short(v.name)} {v.push_bytes / 1024:.1f} KiB of {v.bytes / 2**20:.1f} MiB" for v in sparse) or "none"
     return f"bytes per worker per step: {moved / 2**20:.3f} MiB (pull and push), {len(variables)} variables; row-sparse: {named}"
 
 
-def table(predictions: Sequence[tuple[int, int, Prediction]]) -> list[str]:
+def table(predictions: Sequence[tuple[int, int, Prediction]], modes: Sequence[str] | None = None) -> list[str]:
+    """A markdown table, a row per prediction; `modes`: each row's train.dense, in a first column. A
+    resource a row's mode does not have (worker network with "ps") shows as "-"."""
     shown = [r for r in RESOURCES if any(r in p.loads for _, _, p in predictions)]
-    head = "| workers | ps | step ms | examples/s | " + " | ".join(f"{r} ms" for r in shown) + " | binds |"
-    lines = [head, "|---" * (5 + len(shown)) + "|"]
-    for workers, ps, p in predictions:
-        loads = " | ".join(f"{p.loads[r] * 1e3:.2f}" for r in shown)
-        lines.append(f"| {workers} | {ps} | {p.step_s * 1e3:.2f} | {p.examples_per_s:,.0f} | {loads} | {p.binding} |")
+    first = "| dense " if modes else ""
+    head = f"{first}| workers | ps | step ms | examples/s | " + " | ".join(f"{r} ms" for r in shown) + " | binds |"
+    lines = [head, "|---" * (5 + len(shown) + bool(modes)) + "|"]
+    for i, (workers, ps, p) in enumerate(predictions):
+        loads = " | ".join(f"{p.loads[r] * 1e3:.2f}" if r in p.loads else "-" for r in shown)
+        mode = f"| {modes[i]} " if modes else ""
+        lines.append(f"{mode}| {workers} | {ps} | {p.step_s * 1e3:.2f} | {p.examples_per_s:,.0f} | {loads} | {p.binding} |")
     return lines
+
+
+def dense_line(workers: int, ps: int, by_ps: Prediction, allreduce: Prediction | None, refused: str) -> str:
+    """The train.dense `choose_dense` picks for one scenario, and why: each mode's step and what binds it,
+    or why "allreduce" is refused there."""
+    chosen = choose_dense(by_ps, allreduce)
+    ps_part = f'"ps" {by_ps.step_s * 1e3:.2f} ms, bound by {by_ps.binding}'
+    if allreduce is None:
+        return f'  {workers} workers, {ps} ps: train.dense = "ps" ({ps_part}); "allreduce" is refused there: {refused}'
+    ar_part = f'"allreduce" {allreduce.step_s * 1e3:.2f} ms, bound by {allreduce.binding}'
+    if chosen == "allreduce":
+        return f'  {workers} workers, {ps} ps: train.dense = "allreduce" ({ar_part}; {ps_part})'
+    return f'  {workers} workers, {ps} ps: train.dense = "ps" ({ps_part}; {ar_part}: not 5 % faster)'
 
 
 def placement_lines(placement: Sequence[Piece], prediction: Prediction) -> list[str]:

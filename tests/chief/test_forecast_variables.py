@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from chief.jobs.recommender import small  # imports TensorFlow at collection, before the tier guard
-from chief.variable_bytes import job_variables
+from chief.variable_bytes import job_summary, job_variables
 
 pytestmark = pytest.mark.pure
 
@@ -26,7 +26,8 @@ def test_tables_move_touched_rows_and_dense_variables_move_whole():
     assert user.push_bytes % row_bytes == 0
     assert len(np.unique(features["user"])) > per_worker  # so a table's whole would be far more than what moved
     dense = [v for name, v in variables.items() if "embedding" not in name]
-    assert dense and all(v.push_bytes == v.pull_bytes == v.bytes for v in dense)
+    assert dense and all(v.push_bytes == v.pull_bytes == v.bytes and not v.row_sparse for v in dense)
+    assert all(v.row_sparse for name, v in variables.items() if "embedding" in name)
 
 
 def test_a_keras3_table_is_split_as_the_launch_splits_it_and_moves_its_rows():
@@ -59,3 +60,26 @@ def test_a_keras3_table_the_launch_refuses_split_says_why():
     assert refused_split(lamb, [1, 4, 2]) == (2, table.split_refused) and refused_split(lamb, [1]) is None
     adam = [Variable(**v) for v in job_variables("tests.jobs.keras3:Sharded", 16)]
     assert not any(v.split_refused for v in adam) and refused_split(adam, [1, 2, 4]) is None
+
+
+@pytest.mark.parametrize(
+    ("job", "refused", "slots"),
+    [
+        ("tests.jobs.hybrid:tower", "", 2),  # Adam: m and v written back with each dense copy
+        ("tests.jobs.hybrid:momentum", "", 1),
+        ("tests.jobs.wide_deep", "does not keep forward-pass state (BatchNormalization)", 0),
+        ("tests.jobs.keras3:Sharded", "takes tf_keras models only (the job uses Keras 3)", 0),
+        ("chief.jobs.recommender:small", "", 1),  # a legacy Adagrad: its accumulator
+        ("chief.jobs.digits", "", 2),  # a legacy Adam
+        ("tests.jobs.hybrid:clipped", "does not take clipping", 0),
+    ],
+)
+def test_what_allreduce_makes_of_the_job_is_the_launchs_own_refusal(job, refused, slots):
+    """The plan predicts train.dense = "allreduce" only where the launch's check (chief/step/hybrid.py
+    `refusal`) takes the job, and says the launch's line where it does not."""
+    found = job_summary(job, 16)
+    if refused:
+        assert found["allreduce_refused"].startswith('train.dense = "allreduce"') and refused in found["allreduce_refused"]
+    else:
+        assert found["allreduce_refused"] == ""
+    assert found["slots"] == slots

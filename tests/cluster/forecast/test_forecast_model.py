@@ -9,10 +9,13 @@ from cluster.forecast.model import (
     Observation,
     Scenario,
     Variable,
+    allreduce_refusal,
     balanced_placement,
+    choose_dense,
     fit,
     nonnegative_fit,
     predict,
+    predict_allreduce,
     propose_ps,
     pstrain_placement,
     shards,
@@ -21,7 +24,7 @@ from cluster.forecast.model import (
 pytestmark = pytest.mark.pure
 
 MS = 1e-3
-TABLE = Variable("table", 256 << 20, 1_000_000, 400_000, 400_000)  # row-sparse: 400 kB touched per step
+TABLE = Variable("table", 256 << 20, 1_000_000, 400_000, 400_000, row_sparse=True)  # 400 kB touched per step
 KERNEL = Variable("kernel", 16_384, 64, 16_384, 16_384)
 BIAS = Variable("bias", 256, 64, 256, 256)
 
@@ -132,3 +135,92 @@ def test_nonnegative_fit_drops_a_column_that_would_go_negative():
     y = np.array([3.0, 2.0, 1.0])  # falls with the second column: its coefficient is held at 0
     coef = nonnegative_fit(x, y)
     assert coef[1] == 0 and coef[0] == pytest.approx(2.0)
+
+
+def allreduce(c: Costs, v: list[Variable], s: Scenario, slots: int = 2, block: int = 64):
+    return predict_allreduce(c, v, pstrain_placement(v, s.ps), s, slots, block)
+
+
+def test_allreduce_of_dense_variables_only_leaves_the_ps_the_write_back():
+    c, v = costs(), [KERNEL, BIAS]
+    s = Scenario(workers=4, ps=1, batch=128, bandwidth=1.25e9, rtt_s=0.1 * MS)
+    got, by_ps = allreduce(c, v, s), predict(c, v, pstrain_placement(v, 1), s)
+    dense = 16_384 + 256
+    written = dense * (1 + 2) / 64  # the copies and Adam's two slots, once per block of 64 steps
+    assert got.ps_bytes == pytest.approx((written,)) and by_ps.ps_bytes == pytest.approx((4 * 2 * dense,))
+    # the ps keeps its fixed and per-request costs, and applies only the write-back's bytes
+    assert got.loads["ps CPU"] == pytest.approx((1 + 4 * 0.2 + 1.0 * written / dense) * MS)
+    # each worker sums the 4 gathered gradients and applies them: the ps's per-gradient cost, 4 gradients' worth
+    assert got.loads["worker compute"] == pytest.approx((2 + 0.2 * 128 / 4 + 0.5 + 4 * 1.0) * MS)
+    # the ring gather: 3 gradients sent and 3 received, 3 ring steps for the values and 3 for the slots
+    assert got.loads["worker network"] == pytest.approx(2 * 3 * dense / 1.25e9 + 2 * 3 * 0.1 * MS)
+    assert got.loads["ps network"] == pytest.approx(written / 1.25e9 + 2 * 0.1 * MS)
+    assert got.loads["chief"] == by_ps.loads["chief"]
+
+
+def test_allreduce_of_a_table_alone_exchanges_nothing_and_is_refused():
+    c, v = costs(), [TABLE]
+    s = Scenario(workers=4, ps=1, batch=128, bandwidth=1.25e9, rtt_s=0.1 * MS)
+    got, by_ps = allreduce(c, v, s), predict(c, v, pstrain_placement(v, 1), s)
+    assert got.loads["worker network"] == pytest.approx(2 * 400_000 / 1.25e9)  # its own rows, no ring
+    assert got.ps_bytes == pytest.approx(by_ps.ps_bytes) and got.ps_cpu_s == pytest.approx(by_ps.ps_cpu_s)
+    assert got.loads["worker compute"] == pytest.approx(by_ps.loads["worker compute"])
+    assert allreduce_refusal(v, 1) == "the model has no dense trainable variable to replicate"
+
+
+def test_allreduce_with_one_worker_has_no_exchange():
+    c, v = costs(), [TABLE, KERNEL]
+    got = allreduce(c, v, Scenario(workers=1, ps=1, batch=128, bandwidth=1.25e9, rtt_s=0.1 * MS))
+    assert got.loads["worker network"] == pytest.approx(2 * 400_000 / 1.25e9)  # the table's rows: no gather, no ring step
+    assert allreduce(c, v, Scenario(1, 1, 128, None)).loads["worker network"] == 0.0
+
+
+def test_allreduce_takes_the_tables_and_the_dense_bytes_apart():
+    c, v = costs(), [TABLE, KERNEL]
+    s = Scenario(workers=8, ps=2, batch=128, bandwidth=1.25e9)
+    got = allreduce(c, v, s, slots=1, block=16)
+    total = 400_000 + 16_384
+    # the table in two shards, one on each ps; the kernel on ps 0 (round robin), written back every 16 steps
+    half, written = 200_000, 16_384 * 2 / 16
+    assert got.ps_bytes == pytest.approx((8 * 2 * half + written, 8 * 2 * half))
+    want = [1 + 8 * 0.2 + 1.0 * (8 * half + written) / total, 1 + 8 * 0.2 + 1.0 * 8 * half / total]
+    assert got.ps_cpu_s == pytest.approx(tuple(x * MS for x in want))
+    assert got.loads["worker compute"] == pytest.approx((2 + 0.2 * 16 + 0.5 * 2 + 8 * 1.0 * 16_384 / total) * MS)
+    assert got.loads["worker network"] == pytest.approx((2 * 400_000 + 2 * 7 * 16_384) / 1.25e9)
+
+
+def test_allreduce_is_refused_where_a_dense_variable_would_be_split_and_chosen_only_where_faster():
+    wide = Variable("wide/kernel:0", 1 << 20, 1024, 1 << 20, 1 << 20)
+    assert allreduce_refusal([TABLE, wide], 1) == ""
+    assert allreduce_refusal([TABLE, wide], 2) == "the dense variable wide/kernel would be split over 2 ps; it takes --ps 1"
+    c, v = costs(), [TABLE, wide]
+    # 16 workers on 1 ps: the ps applies 16 gradients per step; the hybrid moves the wide layer's share to the workers
+    s = Scenario(16, 1, 128, None)
+    by_ps, hybrid = predict(c, v, pstrain_placement(v, 1), s), allreduce(c, v, s)
+    assert by_ps.binding == "ps CPU" and hybrid.step_s < by_ps.step_s * 0.95
+    assert choose_dense(by_ps, hybrid) == "allreduce" and choose_dense(by_ps, None) == "ps"
+    # on a 1 Gbit link with 4 ps each ps carries a quarter of the dense bytes, 16 workers' worth (51 ms), while
+    # each worker's link carries 15 workers' gradients of all four, both ways (192 ms): the gather binds, "ps" is kept
+    layers = [Variable(f"layer{i}", 200_000, 100, 200_000, 200_000) for i in range(4)]
+    slow = Scenario(16, 4, 128, 1.25e8)
+    by_ps, hybrid = predict(c, layers, pstrain_placement(layers, 4), slow), allreduce(c, layers, slow)
+    assert by_ps.loads["ps network"] == pytest.approx(16 * 2 * 200_000 / 1.25e8)
+    assert hybrid.binding == "worker network" and hybrid.step_s == pytest.approx(2 * 15 * 800_000 / 1.25e8)
+    assert choose_dense(by_ps, hybrid) == "ps"
+
+
+def test_the_plan_predicts_both_modes_per_scenario_or_says_why_not():
+    from cluster.forecast.command import both_modes
+    from cluster.forecast.variables import JobBytes
+
+    wide = Variable("wide/kernel:0", 1 << 20, 1024, 1 << 20, 1 << 20)  # split on 2 ps: "allreduce" refused there
+    scenarios = [Scenario(16, 1, 128, 1.25e9), Scenario(16, 2, 128, 1.25e9)]
+    rows, modes, lines = both_modes(costs(), JobBytes([TABLE, wide], "", 2), scenarios, 64)
+    assert modes == ["ps", "allreduce", "ps"] and [(w, p) for w, p, _ in rows] == [(16, 1), (16, 1), (16, 2)]
+    assert rows[1][2] == allreduce(costs(), [TABLE, wide], scenarios[0], slots=2, block=64)
+    assert lines[0].startswith('  16 workers, 1 ps: train.dense = "allreduce" ("allreduce" ')
+    split = "the dense variable wide/kernel would be split over 2 ps; it takes --ps 1"
+    assert lines[1].endswith(f'"allreduce" is refused there: {split}')
+    refused = JobBytes([TABLE, wide], 'train.dense = "allreduce" takes tf_keras models only (the job uses Keras 3): ...', 0)
+    rows, modes, lines = both_modes(costs(), refused, scenarios, 64)
+    assert modes == ["ps", "ps"] and lines == []  # the launch's own line is printed once, for the job

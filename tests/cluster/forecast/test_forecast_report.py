@@ -6,7 +6,16 @@ import pytest
 
 from cluster.errors import ConfigError
 from cluster.forecast.model import Piece, Prediction, Variable
-from cluster.forecast.report import bytes_line, parse_bandwidth, parse_cores, parse_counts, parse_runs, placement_lines, table
+from cluster.forecast.report import (
+    bytes_line,
+    dense_line,
+    parse_bandwidth,
+    parse_cores,
+    parse_counts,
+    parse_runs,
+    placement_lines,
+    table,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -57,5 +66,31 @@ def test_table_and_placement_lines():
     assert lines[2] == "| 16 | 2 | 10.00 | 6,400 | 4.00 | 10.00 | 2.00 | 1.00 | ps CPU |"
     placed = placement_lines([Piece("t:0", 0.5, 0), Piece("t:0", 0.5, 1), Piece("b:0", 1.0, 1)], p)
     assert placed == ["  ps:0: CPU 10.00 ms, 3.00 MiB per step: t (1/2)", "  ps:1: CPU 8.00 ms, 1.00 MiB per step: t (1/2), b"]
-    line = bytes_line([Variable("t:0", 2**20, 1024, 2048, 2048), Variable("b:0", 64, 16, 64, 64)])
+    line = bytes_line([Variable("t:0", 2**20, 1024, 2048, 2048, row_sparse=True), Variable("b:0", 64, 16, 64, 64)])
     assert line.endswith("2 variables; row-sparse: t 2.0 KiB of 1.0 MiB")
+
+
+def test_both_dense_modes_in_one_table_and_the_choice_with_what_binds():
+    by_ps = Prediction(
+        0.010, 6400.0, "ps CPU", {"worker compute": 0.004, "ps CPU": 0.010, "ps network": 0.002, "chief": 0.001}, (0.01,), (1.0,)
+    )
+    loads = {"worker compute": 0.006, "ps CPU": 0.003, "ps network": 0.001, "worker network": 0.005, "chief": 0.001}
+    hybrid = Prediction(0.006, 64 / 0.006, "worker compute", loads, (0.003,), (1.0,))
+    lines = table([(16, 1, by_ps), (16, 1, hybrid)], ["ps", "allreduce"])
+    assert lines[0] == (
+        "| dense | workers | ps | step ms | examples/s | worker compute ms | ps CPU ms | ps network ms | worker network ms"
+        " | chief ms | binds |"
+    )
+    assert lines[1] == "|---" * 11 + "|"
+    assert lines[2] == "| ps | 16 | 1 | 10.00 | 6,400 | 4.00 | 10.00 | 2.00 | - | 1.00 | ps CPU |"
+    assert lines[3] == "| allreduce | 16 | 1 | 6.00 | 10,667 | 6.00 | 3.00 | 1.00 | 5.00 | 1.00 | worker compute |"
+    chosen = dense_line(16, 1, by_ps, hybrid, "")
+    want = '  16 workers, 1 ps: train.dense = "allreduce" ("allreduce" 6.00 ms, bound by worker compute; '
+    assert chosen == want + '"ps" 10.00 ms, bound by ps CPU)'
+    close = Prediction(0.0098, 64 / 0.0098, "worker network", loads, (0.003,), (1.0,))
+    assert dense_line(16, 1, by_ps, close, "").endswith('"allreduce" 9.80 ms, bound by worker network: not 5 % faster)')
+    refused = dense_line(16, 2, by_ps, None, "the dense variable w would be split over 2 ps; it takes --ps 1")
+    assert refused == (
+        '  16 workers, 2 ps: train.dense = "ps" ("ps" 10.00 ms, bound by ps CPU); "allreduce" is refused there: '
+        "the dense variable w would be split over 2 ps; it takes --ps 1"
+    )

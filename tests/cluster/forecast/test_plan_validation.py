@@ -29,7 +29,14 @@ def test_plan_predicts_the_measured_step_within_a_quarter():
     pairs = {}  # (workers, ps) -> (measured ms, predicted ms)
     for w, p, measured, model in re.findall(r"(\d+) workers, (\d+) ps: measured ([\d.]+) ms, model ([\d.]+) ms", result.output):
         pairs[int(w), int(p)] = float(measured), float(model)
-    predicted = {int(p): float(ms) for p, ms in re.findall(r"^\| 4 \| (\d) \| ([\d.]+) \|", result.output, re.M)}
+    predicted = {int(p): float(ms) for p, ms in re.findall(r"^\| ps \| 4 \| (\d) \| ([\d.]+) \|", result.output, re.M)}
+    # train.dense = "allreduce" predicted beside "ps" on 1 ps; on 2 ps the job's 512 KiB kernel would be split,
+    # which the launch refuses: the plan says so for that scenario instead of a prediction
+    assert re.search(r"^\| allreduce \| 4 \| 1 \| [\d.]+ \|", result.output, re.M), result.output
+    assert re.search(r"^  4 workers, 1 ps: train.dense = \"(ps|allreduce)\" \(", result.output, re.M), result.output
+    refused = r'^  4 workers, 2 ps: train.dense = "ps" \("ps" [\d.]+ ms, bound by [a-zA-Z ]+\); "allreduce" is refused there: '
+    refused += r"the dense variable \S+ would be split over 2 ps; it takes --ps 1$"
+    assert re.search(refused, result.output, re.M), result.output
     assert sorted(pairs) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)] and sorted(predicted) == [1, 2], result.output
     for ps in (1, 2):
         pairs[4, ps] = measure(JOB, 4, ps, BATCH, STEPS, STEPS // 3).step_s * 1e3, predicted[ps]
