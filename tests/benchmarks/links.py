@@ -62,6 +62,16 @@ def tbf(rate: float) -> list[str]:
     return ["tbf", "rate", f"{round(rate * 8)}bit", "burst", str(burst), "latency", LATENCY]
 
 
+def allreduce_limit(table_bytes: float, dense_bytes: float, workers: int, rate: float) -> dict:
+    """The seconds a hybrid step's bytes (train.dense = "allreduce") need through the busiest port: a
+    worker's, its table pulls and pushes (`table_bytes`, both ways) and the ring gather of the dense
+    gradients, N-1 of `dense_bytes` each way, both ways counted as `pstrain plan` counts them; or the
+    ps's, every worker's table bytes (the once-per-block write-back left out). Pure."""
+    worker = table_bytes + 2 * (workers - 1) * dense_bytes
+    busiest = max(worker, table_bytes * workers)
+    return {"busiest_port_bytes": busiest, "rate_bytes_per_s": rate, "limit_s": busiest / rate}
+
+
 def transfer_limit(pull_bytes: float, push_bytes: float, workers: int, ps: int, rate: float) -> dict:
     """The seconds a step's bytes need through the busiest port, for the ps design: each worker pulls
     `pull_bytes` and pushes `push_bytes` per step, split evenly over `ps` servers. A synchronous step
@@ -158,11 +168,15 @@ def records(args, jobs: dict[str, str], results: dict, batch: int, workers: int 
         return
     results["link"] = describe()
     for size, runs in results["runs"].items():
-        steps = sorted(r["step_s"] for r in runs.get("pstrain", []))
-        step = steps[len(steps) // 2] if steps else None
         costs = fitted(jobs[size], batch, args.plan_fit) if args.plan_fit else None
-        results.setdefault("links", {})[size] = record(jobs[size], batch, workers, 1, step, costs)
-        print(f"{size} on {_selected}: {summary(results['links'][size])}", flush=True)
+        for peer, dense in (("pstrain", "ps"), ("pstrain-allreduce", "allreduce")):
+            if dense == "allreduce" and not runs.get(peer):
+                continue
+            steps = sorted(r["step_s"] for r in runs.get(peer, []))
+            step = steps[len(steps) // 2] if steps else None
+            key = size if dense == "ps" else f"{size}-allreduce"
+            results.setdefault("links", {})[key] = record(jobs[size], batch, workers, 1, step, costs, dense)
+            print(f"{size} on {_selected} ({peer}): {summary(results['links'][key])}", flush=True)
 
 
 def summary(entry: dict) -> str:
@@ -183,20 +197,31 @@ def describe(probe_mib: int = 128) -> dict:
     return {"name": _selected, **probe(rate, probe_mib << 20)}
 
 
-def record(job: str, batch: int, workers: int, ps: int, pstrain_step_s: float | None, costs=None) -> dict:
-    """For a shaped invocation's workload `job` (a pstrain job spec): the transfer limit (plan's bytes
-    of a step, tests/benchmarks/links.transfer_limit) and `pstrain plan`'s step for the shaped run
-    against pstrain's measured one. `costs`: plan's fitted costs (cluster.forecast.model.fit); None:
-    plan's network term alone (every CPU cost zero), which binds where the link is the bottleneck."""
-    from cluster.forecast.model import Costs, Scenario, predict, pstrain_placement
-    from cluster.forecast.variables import job_variables
+def record(
+    job: str, batch: int, workers: int, ps: int, pstrain_step_s: float | None, costs=None, dense: str = "ps", block: int = 64
+) -> dict:
+    """For a shaped invocation's workload `job` (a pstrain job spec) run with train.dense = `dense` (and
+    K = `block`): the transfer limit (`transfer_limit`, or `allreduce_limit`) and `pstrain plan`'s step
+    for the shaped run against pstrain's measured one. `costs`: plan's fitted costs
+    (cluster.forecast.model.fit); None: plan's network terms alone (every CPU cost zero), which bind
+    where the link is the bottleneck."""
+    from cluster.forecast.model import Costs, Scenario, predict, predict_allreduce, pstrain_placement
+    from cluster.forecast.variables import job_bytes
 
     rate = LINKS[_selected]
-    variables = job_variables(job, batch // workers)
+    found = job_bytes(job, batch // workers)
+    variables = found.variables
     pull, push = sum(v.pull_bytes for v in variables), sum(v.push_bytes for v in variables)
     scenario = Scenario(workers, ps, batch, rate, RTT_S, costs.cores if costs else None)
     nothing = Costs(**{f.name: 0.0 for f in dataclasses.fields(Costs)})
-    prediction = predict(costs or nothing, variables, pstrain_placement(variables, ps), scenario)
+    placement = pstrain_placement(variables, ps)
+    if dense == "allreduce":
+        prediction = predict_allreduce(costs or nothing, variables, placement, scenario, found.slots, block)
+        tables = sum(v.pull_bytes + v.push_bytes for v in variables if v.row_sparse)
+        limit = allreduce_limit(tables, sum(v.push_bytes for v in variables if not v.row_sparse), workers, rate)
+    else:
+        prediction = predict(costs or nothing, variables, placement, scenario)
+        limit = transfer_limit(pull, push, workers, ps, rate)
     plan = {
         "model": "fitted costs, the measured runs' cores" if costs else "network term only (no fitted costs)",
         "binding": prediction.binding,
@@ -204,11 +229,10 @@ def record(job: str, batch: int, workers: int, ps: int, pstrain_step_s: float | 
     }
     if pstrain_step_s:
         plan |= plan_error(prediction.step_s, pstrain_step_s)
-    limit = transfer_limit(pull, push, workers, ps, rate)
     if pstrain_step_s:
         limit["pstrain_step_over_limit"] = pstrain_step_s / limit["limit_s"]
     per_worker = {"pull_bytes_per_worker": pull, "push_bytes_per_worker": push}
-    return {"link": _selected, **per_worker, "transfer_limit": limit, "plan": plan}
+    return {"link": _selected, "dense": dense, **per_worker, "transfer_limit": limit, "plan": plan}
 
 
 def fitted(job: str, batch: int, runs: str, steps: int = 400):

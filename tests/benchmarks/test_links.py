@@ -35,6 +35,14 @@ def test_transfer_limit_counts_the_ps_ports_bytes_both_ways():
     assert links.transfer_limit(4e6, 4e6, workers=2, ps=4, rate=125e6)["busiest_port_bytes"] == 8e6
 
 
+def test_the_hybrids_transfer_limit_counts_a_workers_ring_gather_and_the_ps_tables():
+    # 2 workers exchange 4 MB of dense gradients (one each way, counted both ways) and 1 MB of table rows.
+    got = links.allreduce_limit(1e6, 4e6, workers=2, rate=125e6)
+    assert got == {"busiest_port_bytes": 9e6, "rate_bytes_per_s": 125e6, "limit_s": pytest.approx(0.072)}
+    # Tables alone (no dense gradient): the ps's port carries every worker's rows.
+    assert links.allreduce_limit(1e6, 0.0, workers=4, rate=125e6)["busiest_port_bytes"] == 4e6
+
+
 def test_plan_error_against_the_25_percent_target():
     want = {"predicted_s": 0.1, "measured_s": 0.125, "error": pytest.approx(-0.2), "within_25pct": True}
     assert links.plan_error(0.1, 0.125) == want

@@ -85,7 +85,7 @@ def test_bench_on_1gbit_runs_each_task_on_its_own_host_and_plan_holds(tmp_path):
     assert limit["busiest_port_bytes"] == 2 * (entry["pull_bytes_per_worker"] + entry["push_bytes_per_worker"])
     assert limit["pstrain_step_over_limit"] >= 0.9, "a step cannot beat its link"
     assert plan["binding"] == "ps network" and plan["within_25pct"], plan
-    assert "1m on 1gbit: transfer limit" in output
+    assert "1m on 1gbit (pstrain): transfer limit" in output
 
 
 def _environ(pid: int) -> dict:
