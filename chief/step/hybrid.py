@@ -24,6 +24,7 @@ import tf_keras
 
 from chief.contract.framework import TF_KERAS, trainable_of
 from chief.contract.job import Job
+from chief.optimizers import LazyAdam
 from chief.state.model_state import create_optimizer_slots
 from cluster.config import TrainConfig
 from cluster.errors import EXIT_RESTARTABLE, ConfigError
@@ -68,11 +69,15 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
         return f'train.dense = "allreduce" does not keep forward-pass state (BatchNormalization) yet: {FIX}'
     if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
         return f'train.dense = "allreduce" does not take a loss-scaled optimizer (mixed_float16) yet: {FIX}'
-    if type(optimizer).__module__.split(".")[0] != "tf_keras" or not isinstance(optimizer, KINDS):
+    if not isinstance(optimizer, KINDS):
+        return f'train.dense = "allreduce" takes tf_keras optimizers only (not Keras 3 ones): {FIX}'
+    if type(optimizer).__module__.split(".")[0] != "tf_keras" and type(optimizer) is not LazyAdam:
         return (
-            'train.dense = "allreduce" takes tf_keras.optimizers.* and tf_keras.optimizers.legacy.* only '
-            f"(not Keras 3 ones): {FIX}"
+            f'train.dense = "allreduce" takes tf_keras\'s own optimizers and LazyAdam, not a subclass '
+            f"({type(optimizer).__name__}: the copies' update would bypass what it overrides): {FIX}"
         )
+    if isinstance(optimizer, tf_keras.optimizers.Nadam | tf_keras.optimizers.legacy.Nadam):
+        return f'train.dense = "allreduce" does not take Nadam (its momentum product is no slot the copies keep): {FIX}'
     if clipping_of(optimizer).steps() or getattr(optimizer, "weight_decay", None) or getattr(optimizer, "use_ema", False):
         return f'train.dense = "allreduce" does not take clipping, weight_decay or use_ema yet: {FIX}'
     if getattr(optimizer, "gradient_transformers", None):

@@ -126,12 +126,15 @@ class ClusterWatch:
                         flush=True,
                     )
                 return decision.exit_code
+            self._restart_dead_servers()  # also a task the chief found gone (exit 75) before this watch polled it
+            if self.failure:  # a task past its restart budget
+                say(self.failure + "; " + self._resume_hint(), error=True)
+                return EXIT_FAILURE
             lost_workers = list(self.lost_workers)
             reformed = self._reform_workers()
             if isinstance(reformed, CannotReform):
                 say(f"lost {self._lost_names(lost_workers)}: {reformed.reason} to resume from {self._resume_point()}", error=True)
                 return EXIT_RESTARTABLE
-            self._restart_dead_servers()  # also a ps the chief found gone (exit 75) before this watch polled it
             lost = self._lost_names(lost_workers, reformed=reformed is True)
             failure = wait_registered(self.registry, self._servers(), self.startup_timeout, self.stop)
             if failure:

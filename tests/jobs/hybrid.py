@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import tf_keras
 
 from chief.jobs.recommender import Recommender
+from chief.optimizers import LazyAdam
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class WithOptimizer(Recommender):
             return tf_keras.optimizers.legacy.Adam(learning_rate=0.01)
         if self.optimizer == "legacy-sgd":  # the tables updated row-sparse (the new-style SGD's are dense)
             return tf_keras.optimizers.legacy.SGD(learning_rate=0.05, momentum=0.9)
+        if self.optimizer == "lazy-adam":
+            return LazyAdam(learning_rate=0.01)
+        if self.optimizer == "nadam":
+            return tf_keras.optimizers.legacy.Nadam(learning_rate=0.01)
         if self.optimizer == "loss-scaled":
             return tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(learning_rate=0.05))
         return tf_keras.optimizers.Adam(learning_rate=0.01)
@@ -45,6 +50,8 @@ clipped = WithOptimizer(**SIZES, optimizer="clipped")
 legacy = WithOptimizer(**SIZES, optimizer="legacy")
 legacy_sgd = WithOptimizer(**SIZES, optimizer="legacy-sgd")
 loss_scaled = WithOptimizer(**SIZES, optimizer="loss-scaled")
+lazy_adam = WithOptimizer(**SIZES, optimizer="lazy-adam")
+nadam = WithOptimizer(**SIZES, optimizer="nadam")
 tower = WithOptimizer(**SIZES, tower=1024)  # 1.1 M dense parameters: a timing of "ps" against "allreduce"
 
 
@@ -57,3 +64,4 @@ class Scheduled(WithOptimizer):
 
 
 scheduled = Scheduled(**SIZES)
+scheduled_legacy = Scheduled(**SIZES, optimizer="legacy")

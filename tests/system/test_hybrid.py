@@ -39,8 +39,9 @@ def assert_same_run(run_dir, reference, features) -> None:
         ("momentum", ["--ps", "2", "--steps-per-execution", "1"]),
         ("legacy", []),
         ("legacy_sgd", ["--ps", "2", "--steps-per-execution", "1"]),
+        ("lazy_adam", []),
     ],
-    ids=["adam-default-K", "momentum-2ps-K1", "legacy-adam-default-K", "legacy-sgd-2ps-K1"],
+    ids=["adam-default-K", "momentum-2ps-K1", "legacy-adam-default-K", "legacy-sgd-2ps-K1", "lazy-adam-default-K"],
 )
 def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, flags):
     """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process."""
@@ -54,10 +55,12 @@ def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, f
     assert_no_orphans(result)
 
 
-def test_a_learning_rate_set_by_a_callback_reaches_the_workers_copies(tmp_path):
-    """Keras's LearningRateScheduler halves the rate from epoch 2 on the chief's optimizer; the workers'
-    copies of the tower update with it (they once kept the first rate: a different model, no error)."""
-    name, run_dir, reference = "tests.jobs.hybrid:scheduled", tmp_path / "run", tmp_path / "standalone"
+@pytest.mark.parametrize("job", ["scheduled", "scheduled_legacy"])
+def test_a_learning_rate_set_by_a_callback_reaches_the_workers_copies(tmp_path, job):
+    """Keras's LearningRateScheduler halves the rate from epoch 2 on the chief's optimizer (new-style
+    Adam; legacy Adam); the workers' copies of the tower update with it (they once kept the first rate:
+    a different model, no error)."""
+    name, run_dir, reference = f"tests.jobs.hybrid:{job}", tmp_path / "run", tmp_path / "standalone"
     result = run_pstrain(["launch", "--job", name, "--dense", "allreduce", "--epochs", "2", "--run-dir", str(run_dir)])
     assert result.returncode == 0, result.output
     alone = run_pstrain(["train", "--standalone", "--job", name, "--epochs", "2", "--run-dir", str(reference)])

@@ -39,7 +39,7 @@ def test_the_small_exact_path_is_taken(adam):
     assert refusal(job, TRAIN, r, workers=2) is None
 
 
-@pytest.mark.parametrize("name", ["legacy", "legacy_sgd"])
+@pytest.mark.parametrize("name", ["legacy", "legacy_sgd", "lazy_adam"])
 def test_legacy_optimizers_are_taken(name):
     job, r = replica(f"tests.jobs.hybrid:{name}")
     assert refusal(job, TRAIN, r, workers=2) is None
@@ -60,7 +60,7 @@ def test_settings_it_cannot_keep_exact_are_refused(adam, change, workers, says):
     assert why is not None and says in why and 'train.dense = "ps"' in why and "\n" not in why
 
 
-@pytest.mark.parametrize(("name", "says"), [("clipped", "clipping"), ("loss_scaled", "loss-scaled")])
+@pytest.mark.parametrize(("name", "says"), [("clipped", "clipping"), ("loss_scaled", "loss-scaled"), ("nadam", "Nadam")])
 def test_optimizers_it_cannot_replicate_are_refused(name, says):
     job, r = replica(f"tests.jobs.hybrid:{name}")
     why = refusal(job, TRAIN, r, workers=2)
