@@ -24,7 +24,6 @@ import tf_keras
 
 from chief.contract.framework import TF_KERAS, trainable_of
 from chief.contract.job import Job
-from chief.optimizers import LazyAdam
 from chief.state.model_state import create_optimizer_slots
 from cluster.config import TrainConfig
 from cluster.errors import EXIT_RESTARTABLE, ConfigError
@@ -41,6 +40,7 @@ COLLECTIVES_LOST = ("Collective ops is aborted", "expects a different device inc
 # without end while the chief's reads of the ps waited): the run ends rather than hang.
 WATCHDOG_S = 180.0
 KINDS = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+LAZY_ADAM = ("chief.optimizers", "LazyAdam")  # taken by name: chief/step may not import chief.optimizers (tests/test_imports.py)
 
 
 def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str | None:
@@ -71,7 +71,8 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
         return f'train.dense = "allreduce" does not take a loss-scaled optimizer (mixed_float16) yet: {FIX}'
     if not isinstance(optimizer, KINDS):
         return f'train.dense = "allreduce" takes tf_keras optimizers only (not Keras 3 ones): {FIX}'
-    if type(optimizer).__module__.split(".")[0] != "tf_keras" and type(optimizer) is not LazyAdam:
+    kind = type(optimizer)
+    if kind.__module__.split(".")[0] != "tf_keras" and (kind.__module__, kind.__name__) != LAZY_ADAM:
         return (
             f'train.dense = "allreduce" takes tf_keras\'s own optimizers and LazyAdam, not a subclass '
             f"({type(optimizer).__name__}: the copies' update would bypass what it overrides): {FIX}"
