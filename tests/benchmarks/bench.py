@@ -114,11 +114,10 @@ def run_group(commands: list[tuple[list[str], dict]], reporters: tuple[int, ...]
     reporter without one raises PeerFailed with each process's last error line."""
     errors = [tempfile.TemporaryFile("w+") for _ in commands]
     place = network.place if network else lambda argv, env: argv
-    processes = [
-        subprocess.Popen(place(argv, env), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-        for (argv, env), err in zip(commands, errors, strict=True)
-    ]
-    try:
+    processes: list[subprocess.Popen] = []
+    try:  # each process stopped in `finally` from the moment it starts (a SIGTERM mid-start once left the first ones)
+        for (argv, env), err in zip(commands, errors, strict=True):
+            processes.append(subprocess.Popen(place(argv, env), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True))
         results = []
         for i in reporters:
             out, _ = processes[i].communicate(timeout=TIMEOUT_S)
