@@ -57,11 +57,9 @@ def allreduce_of(job: Any, model: Any, state: tuple, sparse: tuple[bool, ...]) -
     per dense variable) by the launch's own check (chief/step/hybrid.py `refusal`), with the settings
     `pstrain plan` runs (one slot per worker, no backup workers). A dense variable split over ps is the
     plan's own check per ps count (cluster/forecast/model.py `allreduce_refusal`): here the model is whole."""
-    import tf_keras
-
     from chief.contract.framework import trainable_of
     from chief.state.model_state import create_optimizer_slots
-    from chief.step.hybrid import refusal, slot_lists
+    from chief.step.hybrid import refusal, slot_count
     from cluster.config import TrainConfig
     from worker.replica.replica import Replica
 
@@ -71,9 +69,7 @@ def allreduce_of(job: Any, model: Any, state: tuple, sparse: tuple[bool, ...]) -
     if why is not None:
         return why, 0
     create_optimizer_slots(optimizer, [v for v, rows in zip(trainable_of(model), sparse, strict=True) if not rows])
-    if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
-        return "", len(optimizer.get_slot_names())
-    return "", len(slot_lists(optimizer))
+    return "", slot_count(optimizer)
 
 
 def split_refusals(job: Any, model: Any) -> list[str]:

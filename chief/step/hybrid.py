@@ -110,6 +110,13 @@ def slot_lists(optimizer) -> list:
     ]
 
 
+def slot_count(optimizer) -> int:
+    """A built optimizer's slot variables per variable (Adam's 2; SGD without momentum's 0)."""
+    if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+        return len(optimizer.get_slot_names())
+    return len(slot_lists(optimizer))
+
+
 def slot_pairs(ours, theirs, copies: Sequence[tf.Variable], originals: Sequence[tf.Variable], positions: Sequence[int]) -> list:
     """(our slot, their slot) for every slot of every copied variable: `ours` is the copies' optimizer,
     `theirs` the ps's over all trainable variables (`positions`: the copies' indices among them)."""
