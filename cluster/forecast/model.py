@@ -71,7 +71,7 @@ class Costs:
     chief_per_worker_s: float
     chief_sharded_s: float  # once there are two ps or more
     chief_per_ps_s: float  # per ps beyond the first
-    cores: float  # the cores the measured run's tasks kept busy together
+    cores: float  # the most cores a measured run's tasks kept busy together
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,9 @@ def fit(observations: Sequence[Observation]) -> Costs:
     chief = nonnegative_fit(
         np.stack([ones, n, (p > 1).astype(float), p - 1], 1), np.array([o.cpu_s.get("chief", 0.0) for o in observations])
     )
-    cores = float(np.mean([o.cores_busy for o in observations]))
+    # the most cores any run kept busy: runs with more tasks keep more busy (fewer waits for one task), and
+    # a scenario predicted is usually larger than the runs measured; their mean over-predicted 4 workers
+    cores = float(max(o.cores_busy for o in observations))
     return Costs(*map(float, (*worker, *ps, *chief)), cores=cores)
 
 

@@ -38,7 +38,7 @@ def parse_counts(flag: str, text: str) -> list[int]:
 
 
 def parse_cores(text: str) -> float | str | None:
-    """'' -> None (a machine per task); 'here' -> 'here' (the cores the measured runs kept busy); '8' -> 8.0."""
+    """'' -> None (a machine per task); 'here' -> 'here' (the most cores a measured run kept busy); '8' -> 8.0."""
     if text in ("", "here"):
         return text or None
     try:
@@ -73,7 +73,7 @@ def costs_lines(costs: Costs, batch: int) -> list[str]:
         f" + {costs.ps_gradient_s * ms:.2f} ms per gradient, split by bytes",
         f"  chief: {costs.chief_base_s * ms:.2f} ms per step + {costs.chief_per_worker_s * ms:.3f} ms per worker"
         f" + {costs.chief_sharded_s * ms:.2f} ms with 2 ps or more + {costs.chief_per_ps_s * ms:.2f} ms per ps beyond the first",
-        f"  cores kept busy by the measured runs: {costs.cores:.2f}",
+        f"  cores kept busy by the measured runs, at the most: {costs.cores:.2f}",
     ]
 
 
