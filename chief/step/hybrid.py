@@ -75,7 +75,7 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
     if kind.__module__.split(".")[0] != "tf_keras" and (kind.__module__, kind.__name__) != LAZY_ADAM:
         return (
             f'train.dense = "allreduce" takes tf_keras\'s own optimizers and LazyAdam, not a subclass '
-            f"({type(optimizer).__name__}: the copies' update would bypass what it overrides): {FIX}"
+            f"({kind.__name__}: the copies' update would bypass what it overrides): {FIX}"
         )
     if isinstance(optimizer, tf_keras.optimizers.Nadam | tf_keras.optimizers.legacy.Nadam):
         return f'train.dense = "allreduce" does not take Nadam (its momentum product is no slot the copies keep): {FIX}'
