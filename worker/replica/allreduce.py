@@ -63,14 +63,12 @@ def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: 
     slots = tf.raw_ops.CollectiveGatherV2(input=tf.reshape(tf.cast(slot, tf.int32), [1]), instance_key=_SLOTS_KEY, **common)
     with tf.control_dependencies([slots]):  # one collective at a time: their order is the same on every worker
         rows = tf.raw_ops.CollectiveGatherV2(input=flat, instance_key=_VALUES_KEY, **common)
-    rows = tf.gather(rows, tf.argsort(slots))  # row k: slot k's gradients
-    means, start = [], 0
-    for g in grads:
-        size = g.shape.num_elements()
-        parts = [tf.reshape(rows[k, start : start + size], g.shape) for k in range(num_slots)]
-        means.append(tf.add_n(parts) / tf.cast(num_slots, g.dtype))
-        start += size
-    return means
+    order = tf.argsort(slots)  # rows[order[k]]: slot k's gradients
+    # Summed whole, then split: elementwise the same add_n and division as one variable at a time, with
+    # no copy of a slot's row (a row of the gathered tensor is a view of it where TF can align it).
+    mean = tf.add_n([rows[order[k]] for k in range(num_slots)]) / tf.cast(num_slots, flat.dtype)
+    parts = tf.split(mean, [g.shape.num_elements() for g in grads])
+    return [tf.reshape(part, g.shape) for part, g in zip(parts, grads, strict=True)]
 
 
 def places(model, variables: Sequence[tf.Variable]) -> list[tuple[object, str, int]]:

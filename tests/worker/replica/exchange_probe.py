@@ -15,6 +15,7 @@ from worker.replica.allreduce import exchanged_mean
 from worker.replica.gradients import mean_of_slots
 
 WORKERS = 3
+SPLIT = 4091  # the first variable's size; the second has the other 5 of a slot's 4,096 values
 
 
 def free_port() -> int:
@@ -43,8 +44,9 @@ def main() -> None:
     def closure():
         rank = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
         slot = (rank + 1) % WORKERS
-        mean = exchanged_mean(slot, [tf.gather(table, slot)], WORKERS, group_key=1)[0]
-        return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), mean
+        row = tf.gather(table, slot)  # as two variables of unaligned sizes (split back from one sum)
+        means = exchanged_mean(slot, [row[:SPLIT], tf.reshape(row[SPLIT:], [-1, 1])], WORKERS, group_key=1)
+        return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), tf.concat([means[0], means[1][:, 0]], 0)
 
     results = [coordinator.schedule(closure) for _ in range(WORKERS)]
     coordinator.join()
