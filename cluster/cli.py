@@ -62,7 +62,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, with a usage mistake said in one line (exit 2) instead of the usage block."""
 
     def error(self, message: str):
-        self.exit(2, f"pstrain: error: {self.prog}: {message}; see {self.prog} --help\n")
+        where = "" if self.prog == "pstrain" else f"{self.prog}: "  # a subcommand's mistake names it
+        self.exit(2, f"pstrain: error: {where}{message}; see {self.prog} --help\n")
 
 
 class DefaultsFormatter(argparse.HelpFormatter):

@@ -34,7 +34,7 @@ SWEEP = [
     (["launch", "--shuffle", "random"], "train.shuffle: expected 'permutation' or 'index_shuffle'"),
     (["launch", "--eval-every", "weekly"], "pstrain launch: argument --eval-every: invalid K steps or 'epoch' value: 'weekly'"),
     (["launch", "--workers", "two"], "pstrain launch: argument --workers: invalid int value: 'two'; see pstrain launch --help"),
-    (["lunch"], "pstrain: argument command: invalid choice: 'lunch'"),
+    (["lunch"], "argument command: invalid choice: 'lunch'"),  # the program named once
     (["train", "--standalone", "--epochs", "2", "--steps", "5"], "train.steps and train.epochs: give one of them"),
     (["launch", "--config", "{tmp}/missing.toml"], "--config: file {tmp}/missing.toml not found"),
     (["status"], "pstrain status: give --run-dir DIR (the run's directory), or --chief HOST:PORT with --token-file"),
