@@ -11,13 +11,14 @@ row-sparse pushes and their update on the ps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 import tf_keras
@@ -217,6 +218,30 @@ class DenseCopies:
         with tf.control_dependencies([applied]):
             return self.step.assign(step + 1)
 
+    @contextlib.contextmanager
+    def hyperparameters_read_once(self) -> Iterator[None]:
+        """Entered where a closure starts (outside its loop of steps), while it is traced: the copies'
+        optimizer reads the hyperparameters it shares with the ps's (`share_hyperparameters`) once
+        there, not once a step across the network. The same values: a callback sets them on the chief
+        between blocks only, and a schedule of the step count is computed on the worker."""
+        optimizer = self.optimizer
+        legacy = isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
+        saved = dict(optimizer._hyper) if legacy else optimizer._learning_rate
+        try:
+            if legacy:
+                for name, value in saved.items():
+                    if isinstance(value, tf.Variable):
+                        optimizer._hyper[name] = value.read_value()
+            elif isinstance(saved, tf.Variable):
+                optimizer._learning_rate = saved.read_value()
+            yield
+        finally:
+            if legacy:
+                optimizer._hyper.clear()
+                optimizer._hyper.update(saved)
+            else:
+                optimizer._learning_rate = saved
+
     def check_step(self, step) -> tf.Operation:
         """In a closure, before `step` reads the copies: fails (one line, the run stops) unless this worker's
         copies are at `step`, as after a closure re-run once its worker had updated them."""
@@ -225,6 +250,13 @@ class DenseCopies:
             step,
             message=f"train.dense = allreduce: a re-run closure found its worker's {COPIES_PAST}",
         )
+
+
+def lean(dense: DenseCopies) -> bool:
+    """Whether the hybrid step can leave the ps off a step's path (worker/replica/loop.py `lean_loop`):
+    no row-sparse table to update there, and every dense variable float32, as the loss that is
+    exchanged in one row with their gradients."""
+    return not dense.tables and all(v.dtype == tf.float32 for v in dense.originals)
 
 
 def collectives_lost(error: Exception) -> str | None:
