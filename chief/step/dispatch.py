@@ -324,7 +324,7 @@ class ClusterEngine:
             self.loss.assign(float(applied[0][done - 1]))
         self.state.global_step.assign(first + done)
         t2 = time.perf_counter()
-        if done == count and count > 1:
+        if done == count and self._warm:  # (no gate between steps: a one-step block times a step too)
             self._step_s = min(self._step_s, (t2 - t1) / count)
         stream = self.source if self.source.streams else None
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
