@@ -215,7 +215,8 @@ class ClusterEngine:
             if self.dense is not None and (why := collectives_lost(e)):
                 raise RestartableError(f'train.dense = "allreduce": {why}; every worker restarts, then the chief') from e
             error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
-            found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
+            step = None if self.lean else self._open_step()  # (a lean block's global step is its first)
+            found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), step)
             if found is None:
                 raise error from (None if error is e else e)
             raise found from error
@@ -306,7 +307,8 @@ class ClusterEngine:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
         if self.dense is not None:  # the ps's copy of the dense variables, for checkpoints and evaluations
-            self.coordinator.schedule(self.dense.write_back).fetch()
+            at = tf.constant(int(self.state.global_step.numpy()), tf.int64)
+            self.coordinator.schedule(self.dense.write_back, args=(at,)).fetch()
         stream = self.source if streams else None
         # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
@@ -320,11 +322,11 @@ class ClusterEngine:
         applied, closures = lean_applied(results, count, LEAN_COLUMNS, self.train.total_num_replicas)
         done = int(applied[5].sum() - (0 if applied[4].all() else 1))  # a withheld last step is no update
         if done:
-            self.coordinator.schedule(self.dense.write_back).fetch()
+            self.coordinator.schedule(self.dense.write_back, args=(tf.constant(first + done, tf.int64),)).fetch()
             self.loss.assign(float(applied[0][done - 1]))
         self.state.global_step.assign(first + done)
         t2 = time.perf_counter()
-        if done == count and self._warm:  # (no gate between steps: a one-step block times a step too)
+        if done == count and count > 1:
             self._step_s = min(self._step_s, (t2 - t1) / count)
         stream = self.source if self.source.streams else None
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
@@ -332,10 +334,12 @@ class ClusterEngine:
 
     def _lean_limit(self, count: int) -> float | None:
         """How long a warm lean block may run before it counts as stalled (a worker failed or hangs: its
-        peers wait in the collective); None while cold (the first block traces and builds)."""
+        peers wait in the collective, which also fails after COLLECTIVE_TIMEOUT_S): what the gate's path
+        allows each step (`stall_decision`), for each of its `count` steps. None while cold (the first
+        block traces and builds)."""
         if not self._warm:
             return None
-        return max(STALL_MIN_S, (STALL_STEPS + 4 * count) * self._step_s)
+        return count * max(STALL_MIN_S, STALL_STEPS * self._step_s)
 
     def _pushed(self, pending: dict, results: dict, interrupted: Callable[[], bool]) -> bool:
         """A one-step block's closures wait for nothing: let N of them push before the apply starts, so
@@ -387,8 +391,8 @@ class ClusterEngine:
                     unblocked_at = time.monotonic()
                 if lean_limit_s is not None and time.monotonic() - began > lean_limit_s:
                     raise RestartableError(
-                        f'step {self._open_step()}: a worker failed or hangs under train.dense = "allreduce" '
-                        f"(the block has run {lean_limit_s:.0f}s); every worker restarts, then the chief"
+                        f'the block from step {self._open_step()}: a worker failed or hangs under train.dense = "allreduce" '
+                        f"(it has run {lean_limit_s:.0f}s); every worker restarts, then the chief"
                     )
             if applying is None or applying.done():
                 continue

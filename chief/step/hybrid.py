@@ -34,6 +34,7 @@ from worker.replica.replica import Replica
 
 FIX = 'or set train.dense = "ps"'
 COPIES_PAST = "dense copies past its step"  # in the re-run check's message (DenseCopies.check_step)
+COPIES_ELSEWHERE = "dense copies not at the step the ps applied"  # in the write-back's (DenseCopies.write_back)
 # What TF says in a survivor once a worker of the collective group was lost (../shared/notes/hybrid.md).
 COLLECTIVES_LOST = ("Collective ops is aborted", "expects a different device incarnation", "Collective has timed out")
 # The chief's wait for a block never stops ticking; when it has not ticked this long, TF's recovery of a
@@ -203,9 +204,15 @@ class DenseCopies:
         self.group_key = random.randrange(1, 2**31)  # the workers' collective group, fresh for this chief
         self.write_back = tf.function(self._write_back, autograph=False)
 
-    def _write_back(self) -> tf.Tensor:
-        """In a closure: this worker's copies written to the ps's variables."""
-        writes = [source.assign(copy.read_value()) for copy, source in self.pairs]
+    def _write_back(self, step) -> tf.Tensor:
+        """In a closure: this worker's copies written to the ps's variables, once they are found at `step`
+        (the steps the ps counts as applied); fails (one line, the run restarts) otherwise, as for copies
+        a worker restarted since the block made again from the ps's values of the block's start."""
+        found = tf.debugging.assert_equal(
+            self.step.read_value(), step, message=f"train.dense = allreduce: the write-back found its worker's {COPIES_ELSEWHERE}"
+        )
+        with tf.control_dependencies([found]):
+            writes = [source.assign(copy.read_value()) for copy, source in self.pairs]
         with tf.control_dependencies(writes):
             return tf.constant(0)
 
@@ -267,6 +274,8 @@ def collectives_lost(error: Exception) -> str | None:
     text = str(error)
     if COPIES_PAST in text:
         return f"a closure re-run after a worker failed found its worker's {COPIES_PAST}"
+    if COPIES_ELSEWHERE in text:
+        return f"the write-back found its worker's {COPIES_ELSEWHERE} (a worker restarted)"
     if any(said in text for said in COLLECTIVES_LOST):
         return "a worker was lost and the workers' collectives were aborted"
     return None

@@ -23,6 +23,14 @@ def standalone(tmp_path, job: str, steps: int = STEPS):
     return reference
 
 
+LEAN = "the workers take each step with no ps on its path"  # the chief's log line (chief/step/dispatch.py)
+
+
+def took_no_ps_path(run_dir) -> bool:
+    """Whether the run's chief took the hybrid steps with no ps on their path (a model with no table)."""
+    return LEAN in (run_dir / "logs" / "chief-0.log").read_text()
+
+
 def assert_same_run(run_dir, reference, features) -> None:
     """The final checkpoint (model, optimizer slots and step count), every step's loss and the exported
     model's predictions are those of the standalone run, bit for bit."""
@@ -62,6 +70,7 @@ def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, f
         ["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags]
     )
     assert result.returncode == 0, result.output
+    assert took_no_ps_path(run_dir) == job.startswith("dense_")
     assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
     assert_no_orphans(result)
 
@@ -154,6 +163,9 @@ def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exa
     first = run_pstrain(args, signal_when=second_block_running, send=signal.SIGTERM)
     assert first.returncode == 128 + signal.SIGTERM, first.output
     assert 0 < len(metrics(run_dir)[0]) < steps
+    chief_log = (run_dir / "logs" / "chief-0.log").read_text()
+    assert "stop noticed" in chief_log, "the stop came while a block ran, and ended it there"
+    assert took_no_ps_path(run_dir) == (job == "dense_adam")
     assert_no_orphans(first)
     second = run_pstrain(args)
     assert second.returncode == 0, second.output

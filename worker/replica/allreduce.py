@@ -131,7 +131,9 @@ def lean_step(replica, dense, batch, step, slot, stop) -> tuple[tf.Tensor, list,
     means = exchanged_mean(slot, [*(grads[i] for i in dense.positions), *extra], replica.num_slots, dense.group_key)
     means, (mean_loss, stopped) = means[:-2], means[-2:]
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in [*means, mean_loss]])
-    return tf.cast(mean_loss[0], loss.dtype), means, finite, stopped[0] > 0
+    # NaN where a mean is not finite, as the gate's path pushes it (the withheld step's line says the loss is nan).
+    mean_loss = tf.where(finite, tf.cast(mean_loss[0], loss.dtype), tf.constant(float("nan"), loss.dtype))
+    return mean_loss, means, finite, stopped[0] > 0
 
 
 def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) -> tf.Tensor:
