@@ -4,6 +4,7 @@
   (worker/ps/apply.py), `unpack_applied` reads it, and `block_results` turns it, with the worker
   loops' packed rows, into one `StepResult` per step the apply got to, doing a stream's epoch
   bookkeeping step by step (each step's batches are observed before that step's epoch is asked).
+- `lean_applied`: a lean block's closures (the hybrid step with no ps on a step's path) in the same forms.
 - `stall_decision`: whether a block whose global step has not moved is to be ended.
 """
 
@@ -91,6 +92,33 @@ def block_results(
             )
         )
     return steps
+
+
+def lean_applied(
+    closures: dict[int, np.ndarray], count: int, columns: int, slots: int
+) -> tuple[tuple[np.ndarray, ...], dict[int, np.ndarray]]:
+    """A lean block's closures (worker/replica/loop.py `lean_loop`: the worker, then `columns` per step
+    run) as the apply's unpacked tuple and the closures' rows in `block_results`'s form. Every closure
+    ran the same steps to the same decisions (the workers decide from the same exchanged values): a
+    step that saw a stop is no result, a step whose means were not finite is a withheld one.
+    Raises RuntimeError when the closures disagree (not one of `slots` each, or different decisions)."""
+    rows = {slot: out[1:].reshape(-1, columns) for slot, out in closures.items()}
+    decided = {rows[slot][:, 4:].tobytes() for slot in rows}
+    if sorted(rows) != list(range(slots)) or len(decided) != 1 or len(rows[0]) > count:
+        raise RuntimeError(f"the lean block's closures disagree: slots {sorted(rows)}, {len(decided)} different decisions")
+    steps = rows[0]
+    proceeded = steps[:, 6] == 0  # [.., loss bits, finite, stopped]
+    n = int(proceeded.sum())
+    losses = steps[:n, 4].astype(np.int32).view(np.float32)
+    applied = (
+        losses,
+        np.ones([n, slots], bool),
+        np.full([n, slots], -1, np.int64),  # each slot's worker: from its closure (block_results)
+        np.zeros([n], np.int64),
+        steps[:n, 5:6].astype(bool),
+        np.ones([n], bool),
+    )
+    return applied, {slot: np.concatenate([out[:1], rows[slot][:, :4].ravel()]) for slot, out in closures.items()}
 
 
 def stall_decision(step: int, progress: tuple[int, float], now: float, step_s: float) -> tuple[tuple[int, float], bool]:

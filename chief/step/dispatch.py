@@ -25,9 +25,17 @@ from chief.data.train_source import explain_worker_error
 from chief.state.initial_values import PS_INIT_MIN_BYTES
 from chief.state.model_state import allow_loss_scaling_under_ps, build_state
 from chief.state.sharding import partitioner
-from chief.step.block_results import apply_widths, block_results, stall_decision, unpack_applied
+from chief.step.block_results import (
+    STALL_MIN_S,
+    STALL_STEPS,
+    apply_widths,
+    block_results,
+    lean_applied,
+    stall_decision,
+    unpack_applied,
+)
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
-from chief.step.hybrid import DenseCopies, Watchdog, collectives_lost, refuse
+from chief.step.hybrid import DenseCopies, Watchdog, collectives_lost, lean, refuse
 from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import RestartableError, user_error
@@ -37,7 +45,7 @@ from worker.input.sources import Source
 from worker.ps.aggregator import SyncReplicasAggregator
 from worker.ps.apply import apply_loop
 from worker.ps.gate import StepGate
-from worker.replica.loop import worker_loop
+from worker.replica.loop import LEAN_COLUMNS, lean_loop, worker_loop
 
 log = logging.getLogger("pstrain.chief")
 # How often a waiting chief looks at `interrupted()`: well inside one step of a small model, so a stop
@@ -144,6 +152,14 @@ class ClusterEngine:
         dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         backups = t.total_num_replicas > t.replicas_to_aggregate
+        with tf.device(device):
+            self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
+        self.lean = self.dense is not None and lean(self.dense)
+        if self.lean:  # the hybrid step with no ps on a step's path (worker/replica/loop.py lean_loop)
+            log.info('train.dense = "allreduce" and no row-sparse table: the workers take each step with no ps on its path')
+            self._lean_fn = lean_loop(
+                self.strategy, self.replica, self.source, self._expected, self._readahead, self.dense, self._stopping
+            )
         self._worker_fn = worker_loop(
             self.strategy,
             self.state,
@@ -156,8 +172,6 @@ class ClusterEngine:
             backups,
             self.dense,
         )
-        with tf.device(device):
-            self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
         self._apply_widths = apply_widths(t.total_num_replicas, len(self.names))
         self._apply_fn = apply_loop(
             self.state,
@@ -201,7 +215,8 @@ class ClusterEngine:
             if self.dense is not None and (why := collectives_lost(e)):
                 raise RestartableError(f'train.dense = "allreduce": {why}; every worker restarts, then the chief') from e
             error = self._cancelled_by(e) if isinstance(e, tf.errors.CancelledError) else e
-            found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), self._open_step())
+            step = None if self.lean else self._open_step()  # (a lean block's global step is its first)
+            found = explain_worker_error(error, self.workers) or user_error(error, job_file(self.job.spec), step)
             if found is None:
                 raise error from (None if error is e else e)
             raise found from error
@@ -261,10 +276,12 @@ class ClusterEngine:
                 block[:used] = [slot_positions(t, num, first + i, slot) for i in range(used)]
             positions = tf.constant(block)
             args = (self._iterator, first_t, count_t, slot, positions)
-            remote = self.coordinator.schedule(self._worker_fn, args=args)
+            remote = self.coordinator.schedule(self._lean_fn if self.lean else self._worker_fn, args=args)
             pending[self._fetchers.submit(remote.fetch)] = slot
         t1 = time.perf_counter()
         self._finished, results = [], {}
+        if self.lean:
+            return self._lean_block(first, count, pending, results, interrupted, t0, t1)
         # (With train.dense = "allreduce" a closure's step ends only once the apply ran: no waiting for it.)
         if count == 1 and self.dense is None and not self._pushed(pending, results, interrupted):
             return []  # interrupted before the step's gradients were in: nothing applied
@@ -290,11 +307,39 @@ class ClusterEngine:
             self._wait(None, {f: slot for f, slot in pending.items() if slot not in results}, results, interrupted)
         self._late.update(f for f in pending if pending[f] not in results)
         if self.dense is not None:  # the ps's copy of the dense variables, for checkpoints and evaluations
-            self.coordinator.schedule(self.dense.write_back).fetch()
+            at = tf.constant(int(self.state.global_step.numpy()), tf.int64)
+            self.coordinator.schedule(self.dense.write_back, args=(at,)).fetch()
         stream = self.source if streams else None
         # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
         return block_results(applied, results, first, self.names, stream, bool(self._readahead), timing)
+
+    def _lean_block(self, first: int, count: int, pending: dict, results: dict, interrupted, t0: float, t1: float) -> list:
+        """A lean block (`lean_loop`): wait for every closure (a stop request is set on the ps for the
+        workers to read), then move the ps to the steps they applied: the copies written back, the
+        global step, the optimizer's step count (written back with the copies) and the last loss."""
+        self._wait(None, pending, results, interrupted, lean_limit_s=self._lean_limit(count))
+        applied, closures = lean_applied(results, count, LEAN_COLUMNS, self.train.total_num_replicas)
+        done = int(applied[5].sum() - (0 if applied[4].all() else 1))  # a withheld last step is no update
+        if done:
+            self.coordinator.schedule(self.dense.write_back, args=(tf.constant(first + done, tf.int64),)).fetch()
+            self.loss.assign(float(applied[0][done - 1]))
+        self.state.global_step.assign(first + done)
+        t2 = time.perf_counter()
+        if done == count and count > 1:
+            self._step_s = min(self._step_s, (t2 - t1) / count)
+        stream = self.source if self.source.streams else None
+        timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
+        return block_results(applied, closures, first, self.names, stream, bool(self._readahead), timing)
+
+    def _lean_limit(self, count: int) -> float | None:
+        """How long a warm lean block may run before it counts as stalled (a worker failed or hangs: its
+        peers wait in the collective, which also fails after COLLECTIVE_TIMEOUT_S): what the gate's path
+        allows each step (`stall_decision`), for each of its `count` steps. None while cold (the first
+        block traces and builds)."""
+        if not self._warm:
+            return None
+        return count * max(STALL_MIN_S, STALL_STEPS * self._step_s)
 
     def _pushed(self, pending: dict, results: dict, interrupted: Callable[[], bool]) -> bool:
         """A one-step block's closures wait for nothing: let N of them push before the apply starts, so
@@ -319,13 +364,16 @@ class ClusterEngine:
         with tf.device(self._apply_device):
             return self._apply_fn(first, count)
 
-    def _wait(self, applying, pending: dict, results: dict, interrupted: Callable[[], bool], can_stall=False) -> bool:
+    def _wait(
+        self, applying, pending: dict, results: dict, interrupted: Callable[[], bool], can_stall=False, lean_limit_s=None
+    ) -> bool:
         """Wait for `applying` (or, when None, for every closure in `pending`), surfacing closure errors at
         once. When `interrupted()` turns true, or (`can_stall`: a block of several steps, whose closures
         wait for each other at the gate) the global step stalls, stop the apply at the next step
-        boundary; returns whether it stalled."""
+        boundary; returns whether it stalled. A lean block (`applying` None, `lean_limit_s` given) sets
+        the stop request when interrupted, and is stalled (RestartableError) past `lean_limit_s`."""
         waiting = {f for f, slot in pending.items() if slot not in results} | ({applying} if applying else set())
-        unblocked_at, stalled = None, False
+        unblocked_at, stalled, began = None, False, time.monotonic()
         progress = (int(self.state.global_step.numpy()), time.monotonic())
         while (applying is not None and not applying.done()) or (applying is None and waiting):
             if self.train.dense == "allreduce":
@@ -336,6 +384,16 @@ class ClusterEngine:
                     continue
                 results[pending[future]] = future.result()  # a job error in a closure surfaces here
                 self._finished.append(pending[future])
+            if self.lean and applying is None and waiting:
+                if interrupted() and unblocked_at is None:
+                    self._stopping.assign(True)  # every worker reads it, and all end at the same step
+                    log.info("stop noticed; the workers end the block together at a step boundary")
+                    unblocked_at = time.monotonic()
+                if lean_limit_s is not None and time.monotonic() - began > lean_limit_s:
+                    raise RestartableError(
+                        f'the block from step {self._open_step()}: a worker failed or hangs under train.dense = "allreduce" '
+                        f"(it has run {lean_limit_s:.0f}s); every worker restarts, then the chief"
+                    )
             if applying is None or applying.done():
                 continue
             if can_stall and not stalled and not interrupted() and time.monotonic() - progress[1] > 1.0:

@@ -11,13 +11,14 @@ row-sparse pushes and their update on the ps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 import tf_keras
@@ -33,6 +34,7 @@ from worker.replica.replica import Replica
 
 FIX = 'or set train.dense = "ps"'
 COPIES_PAST = "dense copies past its step"  # in the re-run check's message (DenseCopies.check_step)
+COPIES_ELSEWHERE = "dense copies not at the step the ps applied"  # in the write-back's (DenseCopies.write_back)
 # What TF says in a survivor once a worker of the collective group was lost (../shared/notes/hybrid.md).
 COLLECTIVES_LOST = ("Collective ops is aborted", "expects a different device incarnation", "Collective has timed out")
 # The chief's wait for a block never stops ticking; when it has not ticked this long, TF's recovery of a
@@ -202,9 +204,15 @@ class DenseCopies:
         self.group_key = random.randrange(1, 2**31)  # the workers' collective group, fresh for this chief
         self.write_back = tf.function(self._write_back, autograph=False)
 
-    def _write_back(self) -> tf.Tensor:
-        """In a closure: this worker's copies written to the ps's variables."""
-        writes = [source.assign(copy.read_value()) for copy, source in self.pairs]
+    def _write_back(self, step) -> tf.Tensor:
+        """In a closure: this worker's copies written to the ps's variables, once they are found at `step`
+        (the steps the ps counts as applied); fails (one line, the run restarts) otherwise, as for copies
+        a worker restarted since the block made again from the ps's values of the block's start."""
+        found = tf.debugging.assert_equal(
+            self.step.read_value(), step, message=f"train.dense = allreduce: the write-back found its worker's {COPIES_ELSEWHERE}"
+        )
+        with tf.control_dependencies([found]):
+            writes = [source.assign(copy.read_value()) for copy, source in self.pairs]
         with tf.control_dependencies(writes):
             return tf.constant(0)
 
@@ -217,6 +225,30 @@ class DenseCopies:
         with tf.control_dependencies([applied]):
             return self.step.assign(step + 1)
 
+    @contextlib.contextmanager
+    def hyperparameters_read_once(self) -> Iterator[None]:
+        """Entered where a closure starts (outside its loop of steps), while it is traced: the copies'
+        optimizer reads the hyperparameters it shares with the ps's (`share_hyperparameters`) once
+        there, not once a step across the network. The same values: a callback sets them on the chief
+        between blocks only, and a schedule of the step count is computed on the worker."""
+        optimizer = self.optimizer
+        legacy = isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
+        saved = dict(optimizer._hyper) if legacy else optimizer._learning_rate
+        try:
+            if legacy:
+                for name, value in saved.items():
+                    if isinstance(value, tf.Variable):
+                        optimizer._hyper[name] = value.read_value()
+            elif isinstance(saved, tf.Variable):
+                optimizer._learning_rate = saved.read_value()
+            yield
+        finally:
+            if legacy:
+                optimizer._hyper.clear()
+                optimizer._hyper.update(saved)
+            else:
+                optimizer._learning_rate = saved
+
     def check_step(self, step) -> tf.Operation:
         """In a closure, before `step` reads the copies: fails (one line, the run stops) unless this worker's
         copies are at `step`, as after a closure re-run once its worker had updated them."""
@@ -227,6 +259,13 @@ class DenseCopies:
         )
 
 
+def lean(dense: DenseCopies) -> bool:
+    """Whether the hybrid step can leave the ps off a step's path (worker/replica/loop.py `lean_loop`):
+    no row-sparse table to update there, and every dense variable float32, as the loss that is
+    exchanged in one row with their gradients."""
+    return not dense.tables and all(v.dtype == tf.float32 for v in dense.originals)
+
+
 def collectives_lost(error: Exception) -> str | None:
     """Why `error` (from a block of the hybrid step) means the workers' collectives are lost, or None for
     another error: a closure re-run after a worker failed found its worker's copies updated
@@ -235,6 +274,8 @@ def collectives_lost(error: Exception) -> str | None:
     text = str(error)
     if COPIES_PAST in text:
         return f"a closure re-run after a worker failed found its worker's {COPIES_PAST}"
+    if COPIES_ELSEWHERE in text:
+        return f"the write-back found its worker's {COPIES_ELSEWHERE} (a worker restarted)"
     if any(said in text for said in COLLECTIVES_LOST):
         return "a worker was lost and the workers' collectives were aborted"
     return None

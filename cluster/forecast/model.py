@@ -228,7 +228,9 @@ def predict_allreduce(
     fitted on "ps" runs. Call it only where `allreduce_refusal` is "".
 
     - The tables (`Variable.row_sparse`) are pulled, pushed and applied on the ps as with "ps"; each ps
-      still takes one request per worker per step (the loss, the tables, the step gate).
+      still takes one request per worker per step (the loss, the tables, the step gate; with no table,
+      the read of the stop request, off the step's path: worker/replica/loop.py `lean_loop`, charged
+      the same, not measured apart).
     - The dense variables' bytes leave the ps but for the write-back: one worker writes its copies
       and their `slots` optimizer slots back once per `block` (K) steps, `bytes * (1 + slots) / block`
       per step, charged at the ps's per-byte cost of one gradient (not measured: an assumption).

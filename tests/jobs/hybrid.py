@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tensorflow as tf
 import tf_keras
 
-from chief.jobs.recommender import Recommender
+from chief.jobs.recommender import FEATURES, Recommender
 from chief.optimizers import LazyAdam
 
 
@@ -56,6 +57,26 @@ tower = WithOptimizer(**SIZES, tower=1024)  # 1.1 M dense parameters: a timing o
 
 
 @dataclass(frozen=True)
+class DenseOnly(WithOptimizer):
+    """The recommender's examples through dense layers only (ids scaled or one-hot, no table): a hybrid
+    step with no row-sparse variable, which leaves the ps off a step's path (worker/replica/loop.py lean_loop)."""
+
+    def model_fn(self) -> tf_keras.Model:
+        inputs = {name: tf_keras.Input(shape=(), dtype="int32", name=name) for name in ("user", "item", *FEATURES)}
+        sizes = {"user": self.users, "item": self.items}
+        scaled = [
+            tf_keras.layers.Lambda(lambda t, n=n: tf.cast(t, "float32")[..., None] / n)(inputs[k]) for k, n in sizes.items()
+        ]
+        hot = [tf_keras.layers.Lambda(lambda t, n=n: tf.one_hot(t, n))(inputs[k]) for k, n in FEATURES.items()]
+        hidden = tf_keras.layers.Dense(64, activation="relu")(tf_keras.layers.Concatenate()([*scaled, *hot]))
+        return tf_keras.Model(inputs, tf_keras.layers.Dense(2)(hidden))
+
+
+dense_adam = DenseOnly(**SIZES)
+dense_legacy_sgd = DenseOnly(**SIZES, optimizer="legacy-sgd")
+
+
+@dataclass(frozen=True)
 class Scheduled(WithOptimizer):
     """Halves the learning rate from the second epoch, with Keras's own LearningRateScheduler."""
 
@@ -65,3 +86,11 @@ class Scheduled(WithOptimizer):
 
 scheduled = Scheduled(**SIZES)
 scheduled_legacy = Scheduled(**SIZES, optimizer="legacy")
+
+
+@dataclass(frozen=True)
+class ScheduledDenseOnly(DenseOnly, Scheduled):
+    """The dense-only model with the halving schedule: no ps on a step's path, the rate read once a block."""
+
+
+scheduled_dense_legacy = ScheduledDenseOnly(**SIZES, optimizer="legacy")

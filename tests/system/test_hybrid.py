@@ -23,6 +23,14 @@ def standalone(tmp_path, job: str, steps: int = STEPS):
     return reference
 
 
+LEAN = "the workers take each step with no ps on its path"  # the chief's log line (chief/step/dispatch.py)
+
+
+def took_no_ps_path(run_dir) -> bool:
+    """Whether the run's chief took the hybrid steps with no ps on their path (a model with no table)."""
+    return LEAN in (run_dir / "logs" / "chief-0.log").read_text()
+
+
 def assert_same_run(run_dir, reference, features) -> None:
     """The final checkpoint (model, optimizer slots and step count), every step's loss and the exported
     model's predictions are those of the standalone run, bit for bit."""
@@ -40,26 +48,38 @@ def assert_same_run(run_dir, reference, features) -> None:
         ("legacy", []),
         ("legacy_sgd", ["--ps", "2", "--steps-per-execution", "1"]),
         ("lazy_adam", []),
+        ("dense_adam", []),
+        ("dense_legacy_sgd", ["--steps-per-execution", "1"]),
     ],
-    ids=["adam-default-K", "momentum-2ps-K1", "legacy-adam-default-K", "legacy-sgd-2ps-K1", "lazy-adam-default-K"],
+    ids=[
+        "adam-default-K",
+        "momentum-2ps-K1",
+        "legacy-adam-default-K",
+        "legacy-sgd-2ps-K1",
+        "lazy-adam-default-K",
+        "dense-only-adam-default-K",
+        "dense-only-legacy-sgd-K1",
+    ],
 )
 def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, flags):
-    """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process."""
+    """The tower's gradients exchanged among 2 workers, the tables on the ps: the same model as one process.
+    A model with no table ("dense-only") takes steps with no ps on their path: the same model too."""
     name = f"tests.jobs.hybrid:{job}"
     run_dir = tmp_path / "run"
     result = run_pstrain(
         ["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags]
     )
     assert result.returncode == 0, result.output
+    assert took_no_ps_path(run_dir) == job.startswith("dense_")
     assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
     assert_no_orphans(result)
 
 
-@pytest.mark.parametrize("job", ["scheduled", "scheduled_legacy"])
+@pytest.mark.parametrize("job", ["scheduled", "scheduled_dense_legacy"])
 def test_a_learning_rate_set_by_a_callback_reaches_the_workers_copies(tmp_path, job):
     """Keras's LearningRateScheduler halves the rate from epoch 2 on the chief's optimizer (new-style
     Adam; legacy Adam); the workers' copies of the tower update with it (they once kept the first rate:
-    a different model, no error)."""
+    a different model, no error). The dense-only model's workers read it once a block."""
     name, run_dir, reference = f"tests.jobs.hybrid:{job}", tmp_path / "run", tmp_path / "standalone"
     result = run_pstrain(["launch", "--job", name, "--dense", "allreduce", "--epochs", "2", "--run-dir", str(run_dir)])
     assert result.returncode == 0, result.output
@@ -81,20 +101,22 @@ def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("task", "sig", "flags"),
+    ("job", "task", "sig", "flags"),
     [
-        ("worker", signal.SIGKILL, []),
-        ("worker", signal.SIGSTOP, ["--steps-per-execution", "1"]),
-        ("ps", signal.SIGKILL, ["--steps-per-execution", "1"]),
+        ("adam", "worker", signal.SIGKILL, []),
+        ("dense_adam", "worker", signal.SIGKILL, []),
+        ("dense_adam", "worker", signal.SIGSTOP, ["--steps-per-execution", "1"]),
+        ("adam", "ps", signal.SIGKILL, ["--steps-per-execution", "1"]),
     ],
-    ids=["killed", "hung-K1", "ps-killed-K1"],
+    ids=["killed", "killed-dense-only", "hung-K1-dense-only", "ps-killed-K1"],
 )
-def test_a_lost_task_restarts_every_worker_and_the_run_ends_with_the_standalone_model(tmp_path, task, sig, flags):
+def test_a_lost_task_restarts_every_worker_and_the_run_ends_with_the_standalone_model(tmp_path, job, task, sig, flags):
     """A worker killed (or hung, with one step per block) mid-run aborts the survivors' collectives for
     good (../shared/notes/hybrid.md): the launcher restarts every worker, then the chief, which resumes
     from the last checkpoint with a fresh collective group; the run ends with the standalone model, no
-    error line, every process reaped. A killed ps (its variables lost) restarts with them."""
-    name, run_dir, killed = "tests.jobs.hybrid:adam", tmp_path / "run", []
+    error line, every process reaped. A killed ps (its variables lost) restarts with them. A model with
+    no table ("dense-only": no ps on a step's path) finds a hung worker by its block running too long."""
+    name, run_dir, killed = f"tests.jobs.hybrid:{job}", tmp_path / "run", []
     args = ["launch", "--job", name, "--dense", "allreduce", "--steps", "120", "--checkpoint-every", "25"]
     args += ["--run-dir", str(run_dir), *flags]
     victim = 1 if task == "worker" else 0
@@ -124,11 +146,13 @@ def test_a_refused_setting_stops_the_launch_in_one_line_before_any_step(tmp_path
     assert_no_orphans(result)
 
 
-def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("job", ["adam", "dense_adam"], ids=["tables", "dense-only"])
+def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exactly(tmp_path, job):
     """SIGTERM while a block of K = 64 runs: the ps ends it at a step boundary, the workers update their
     copies only for steps the ps applied, the checkpoint holds them, and the same command resumes to
-    the standalone model bit for bit."""
-    name, steps, run_dir = "tests.jobs.hybrid:adam", 256, tmp_path / "run"
+    the standalone model bit for bit. With no table the workers end the block together, at the step
+    where one of them read the stop request."""
+    name, steps, run_dir = f"tests.jobs.hybrid:{job}", 256, tmp_path / "run"
     args = ["launch", "--job", name, "--dense", "allreduce", "--steps", str(steps), "--checkpoint-every", "0"]
     args += ["--steps-per-execution", "64", "--run-dir", str(run_dir)]
     metrics_file = run_dir / "metrics.jsonl"
@@ -139,6 +163,9 @@ def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exa
     first = run_pstrain(args, signal_when=second_block_running, send=signal.SIGTERM)
     assert first.returncode == 128 + signal.SIGTERM, first.output
     assert 0 < len(metrics(run_dir)[0]) < steps
+    chief_log = (run_dir / "logs" / "chief-0.log").read_text()
+    assert "stop noticed" in chief_log, "the stop came while a block ran, and ended it there"
+    assert took_no_ps_path(run_dir) == (job == "dense_adam")
     assert_no_orphans(first)
     second = run_pstrain(args)
     assert second.returncode == 0, second.output

@@ -12,6 +12,8 @@
   while a step is traced, so the gradients are taken for those tensors.
 - `hybrid_step` and `apply_after_gate`: what worker/replica/loop.py runs per step in this mode: the
   slot's step on the copies and the exchange, then the copies' update once the ps applied the step.
+- `lean_step`: the same step for a model without row-sparse tables, with no ps on its path (the loss
+  and the stop request exchanged with the gradients; worker/replica/loop.py `lean_loop`).
 """
 
 from __future__ import annotations
@@ -113,6 +115,25 @@ def hybrid_step(replica, dense, batch, step, slot) -> tuple[list, list]:
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in means])
     loss = loss + tf.where(finite, tf.constant(0.0, loss.dtype), tf.constant(float("nan"), loss.dtype))
     return [loss, *(g for i, g in enumerate(grads) if i not in dense.positions)], means
+
+
+def lean_step(replica, dense, batch, step, slot, stop) -> tuple[tf.Tensor, list, tf.Tensor, tf.Tensor]:
+    """One slot's step of a model with no row-sparse table, with no ps on its path: the loss is
+    exchanged with the dense gradients (the mean in slot order, as the ps's aggregator takes it) and so
+    is `stop` (1.0 where this worker read the chief's stop request), so every worker decides the same.
+    Returns (the mean loss, the dense means, whether all were finite, whether any worker saw a stop)."""
+    with tf.control_dependencies([dense.check_step(step)]):
+        values = [copy.read_value() for copy in dense.copies]
+    with reading(dense.held, values):
+        loss, grads, _ = replica_step(replica, batch, step, slot, reads=dict(zip(dense.positions, values, strict=True)))
+    dtype = grads[dense.positions[0]].dtype
+    extra = [tf.cast(loss, dtype)[tf.newaxis], tf.cast(stop, dtype)[tf.newaxis]]
+    means = exchanged_mean(slot, [*(grads[i] for i in dense.positions), *extra], replica.num_slots, dense.group_key)
+    means, (mean_loss, stopped) = means[:-2], means[-2:]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(m)) for m in [*means, mean_loss]])
+    # NaN where a mean is not finite, as the gate's path pushes it (the withheld step's line says the loss is nan).
+    mean_loss = tf.where(finite, tf.cast(mean_loss[0], loss.dtype), tf.constant(float("nan"), loss.dtype))
+    return mean_loss, means, finite, stopped[0] > 0
 
 
 def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) -> tf.Tensor:

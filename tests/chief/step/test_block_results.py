@@ -1,6 +1,7 @@
 """The cluster engine's pure decisions (chief/step/block_results.py), without a process or a server: a block's
 packed results decoded into StepResults (workers, late gradients, withheld steps, read-ahead hits, a
-stream's epochs learnt step by step) and when a block whose global step does not move is ended. Pure."""
+stream's epochs learnt step by step; a lean block's closures, which decide every step themselves) and
+when a block whose global step does not move is ended. Pure."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from chief.step.block_results import (
     STALL_STEPS,
     apply_widths,
     block_results,
+    lean_applied,
     stall_decision,
     unpack_applied,
 )
@@ -100,3 +102,34 @@ def test_the_apply_result_packed_as_float64_unpacks_to_every_value_exactly():
     assert workers.tolist() == [[4, -1, 7], [-1, 2**40, 1]] and late.tolist() == [3, 0]
     assert finite.tolist() == [[True, False, True], [False, True, True]] and proceeded.tolist() == [False, True]
     assert unpack_applied(np.zeros([0, sum(apply_widths(2, 5))]), apply_widths(2, 5))[1].shape == (0, 2)
+
+
+def lean_closure(worker: int, *per_step: tuple[float, bool, bool]) -> np.ndarray:
+    """A lean loop's packed result: the worker, then [j, epoch, index, hit, loss bits, finite, stopped] per step."""
+    rows = [[-1, -1, -1, 0, int(np.float32(loss).view(np.int32)), finite, stopped] for loss, finite, stopped in per_step]
+    return np.array([worker, *(v for row in rows for v in row)], np.int64)
+
+
+def test_a_lean_block_gives_a_result_per_step_the_workers_took_and_withholds_a_non_finite_one():
+    # Both slots ran 3 steps: two applied, the third's means not finite (the workers stopped there).
+    steps = [(0.5, True, False), (0.25, True, False), (float("nan"), False, False)]
+    found, closures = lean_applied({0: lean_closure(4, *steps), 1: lean_closure(7, *steps)}, 64, 7, 2)
+    results = block_results(found, closures, 10, ["loss"], None, False, TIMING)
+    assert [r.loss for r in results[:2]] == [0.5, 0.25] and np.isnan(results[2].loss)
+    assert [r.applied for r in results] == [True, True, False] and results[2].nonfinite == "loss"
+    assert all(r.aggregated == 2 and r.workers == [4, 7] and r.stale_dropped == 0 for r in results)
+
+
+def test_a_lean_step_that_saw_the_stop_is_no_result():
+    steps = [(0.5, True, False), (0.75, True, True)]
+    found, closures = lean_applied({0: lean_closure(0, *steps), 1: lean_closure(1, *steps)}, 64, 7, 2)
+    results = block_results(found, closures, 0, ["loss"], None, False, TIMING)
+    assert [(r.loss, r.applied) for r in results] == [(0.5, True)]
+
+
+def test_lean_closures_that_disagree_are_an_error_not_a_result():
+    one, other = lean_closure(0, (0.5, True, False)), lean_closure(1, (0.5, True, True))
+    with pytest.raises(RuntimeError, match="disagree"):
+        lean_applied({0: one, 1: other}, 64, 7, 2)
+    with pytest.raises(RuntimeError, match="disagree"):
+        lean_applied({0: one}, 64, 7, 2)  # a slot missing
