@@ -309,10 +309,7 @@ class ClusterEngine:
         if self.dense is not None:  # the ps's copy of the dense variables, for checkpoints and evaluations
             at = tf.constant(int(self.state.global_step.numpy()), tf.int64)
             self.coordinator.schedule(self.dense.write_back, args=(at,)).fetch()
-        stream = self.source if streams else None
-        # Shares of the block per step: the chief's dispatch, then the steps running on workers and ps.
-        timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
-        return block_results(applied, results, first, self.names, stream, bool(self._readahead), timing)
+        return self._results(applied, results, first, count, (t0, t1, t2))
 
     def _lean_block(self, first: int, count: int, pending: dict, results: dict, interrupted, t0: float, t1: float) -> list:
         """A lean block (`lean_loop`): wait for every closure (a stop request is set on the ps for the
@@ -320,7 +317,7 @@ class ClusterEngine:
         global step, the optimizer's step count (written back with the copies) and the last loss."""
         self._wait(None, pending, results, interrupted, lean_limit_s=self._lean_limit(count))
         applied, closures = lean_applied(results, count, LEAN_COLUMNS, self.train.total_num_replicas)
-        done = int(applied[5].sum() - (0 if applied[4].all() else 1))  # a withheld last step is no update
+        done = len(applied[0]) - (0 if applied[4].all() else 1)  # a withheld last step is no update
         if done:
             self.coordinator.schedule(self.dense.write_back, args=(tf.constant(first + done, tf.int64),)).fetch()
             self.loss.assign(float(applied[0][done - 1]))
@@ -328,6 +325,12 @@ class ClusterEngine:
         t2 = time.perf_counter()
         if done == count and count > 1:
             self._step_s = min(self._step_s, (t2 - t1) / count)
+        return self._results(applied, closures, first, count, (t0, t1, t2))
+
+    def _results(self, applied: tuple, closures: dict, first: int, count: int, times: tuple) -> list[StepResult]:
+        """`block_results` of a block, with each step's share of it: the chief's dispatch (t0 to t1), then
+        the steps running on workers and ps (t1 to t2)."""
+        t0, t1, t2 = times
         stream = self.source if self.source.streams else None
         timing = {"dispatch": (t1 - t0) / count, "steps": (t2 - t1) / count}
         return block_results(applied, closures, first, self.names, stream, bool(self._readahead), timing)
