@@ -240,7 +240,7 @@ def predict_allreduce(
     - **worker network**: the exchange is one CollectiveGatherV2, which TF runs between CPU workers
       as `RingGather` (collective_param_resolver_local.cc; ring_alg.cc): each worker receives N-1
       dense gradients from its predecessor in the ring and sends N-1 to its successor, in N-1 ring
-      steps of one round trip each, after an int gather of the slots (N-1 more). Bytes both ways are
+      steps of one round trip each (the slot rides in the gathered row). Bytes both ways are
       summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The CPU
       of the exchange's messages is not modelled (not measured); on loopback it costs nothing here.
     With one worker, or no dense variable, there is no exchange."""
@@ -263,7 +263,7 @@ def predict_allreduce(
         ps_network = max(ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
         own = sum(v.pull_bytes + v.push_bytes for v in tables)
         ring = n - 1 if dense else 0  # ring steps of the gather (none without a dense variable)
-        worker_network = (own + 2 * ring * dense_bytes) / scenario.bandwidth + 2 * ring * scenario.rtt_s
+        worker_network = (own + 2 * ring * dense_bytes) / scenario.bandwidth + ring * scenario.rtt_s
     loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": ps_network, "worker network": worker_network}
     return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
 

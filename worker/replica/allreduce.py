@@ -32,9 +32,9 @@ from worker.replica.replica import replica_step
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
 # fails after this many seconds instead of waiting for ever (timeout 0).
 COLLECTIVE_TIMEOUT_S = 60.0
-# The exchange's own instance keys; the group key is the caller's (a fresh one per chief incarnation: a
+# The exchange's own instance key; the group key is the caller's (a fresh one per chief incarnation: a
 # group that outlives a restarted task refuses it, "current incarnation doesn't match").
-_SLOTS_KEY, _VALUES_KEY = 1, 2
+_INSTANCE_KEY = 2
 
 
 class WorkerCopy(ps_values.PerWorkerVariable):
@@ -59,17 +59,25 @@ class WorkerCopy(ps_values.PerWorkerVariable):
 def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: int) -> list[tf.Tensor]:
     """The mean over all `num_slots` slots (one per worker) of each dense gradient in `grads`, this
     slot's own included, summed in slot order as the aggregator sums them; every worker gets the same
-    values. One gather for all variables (flattened into one row per worker)."""
-    flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)[tf.newaxis]
-    common = dict(group_size=num_slots, group_key=group_key, ordering_token=[], timeout_seconds=COLLECTIVE_TIMEOUT_S)
-    slots = tf.raw_ops.CollectiveGatherV2(input=tf.reshape(tf.cast(slot, tf.int32), [1]), instance_key=_SLOTS_KEY, **common)
-    with tf.control_dependencies([slots]):  # one collective at a time: their order is the same on every worker
-        rows = tf.raw_ops.CollectiveGatherV2(input=flat, instance_key=_VALUES_KEY, **common)
-    order = tf.argsort(slots)  # rows[order[k]]: slot k's gradients
+    values. One gather per step for all variables: one row per worker, the variables flattened, then the
+    slot's bits (an integer as wide as the dtype, bitcast: a gather moves bits, so none is changed)."""
+    dtype = grads[0].dtype
+    bits = {2: tf.int16, 4: tf.int32, 8: tf.int64}[dtype.size]
+    own = tf.bitcast(tf.cast(slot, bits), dtype)[tf.newaxis]
+    row = tf.concat([*(tf.reshape(g, [-1]) for g in grads), own], 0)[tf.newaxis]  # one copy of the gradients
+    rows = tf.raw_ops.CollectiveGatherV2(
+        input=row,
+        group_size=num_slots,
+        group_key=group_key,
+        instance_key=_INSTANCE_KEY,
+        ordering_token=[],
+        timeout_seconds=COLLECTIVE_TIMEOUT_S,
+    )
+    order = tf.argsort(tf.bitcast(rows[:, -1], bits))  # rows[order[k]]: slot k's gradients, then its slot
     # Summed whole, then split: elementwise the same add_n and division as one variable at a time, with
     # no copy of a slot's row (a row of the gathered tensor is a view of it where TF can align it).
-    mean = tf.add_n([rows[order[k]] for k in range(num_slots)]) / tf.cast(num_slots, flat.dtype)
-    parts = tf.split(mean, [g.shape.num_elements() for g in grads])
+    mean = tf.add_n([rows[order[k]] for k in range(num_slots)]) / tf.cast(num_slots, dtype)
+    parts = tf.split(mean, [g.shape.num_elements() for g in grads] + [1])[:-1]  # not the slots' column
     return [tf.reshape(part, g.shape) for part, g in zip(parts, grads, strict=True)]
 
 
