@@ -4,10 +4,11 @@ For one size: a warm-up round of every peer (run, printed, recorded, and left ou
 cold imports and caches are paid there, by whichever peer runs first); then the K sweep: each tuned
 peer (TUNED: TF2 async's steps per closure, MultiWorkerMirrored's steps per call) once with every K
 of the sweep, the (peer, K) runs in a seeded shuffled order, the K of its fastest run used from then
-on; then `repeats` measured rounds, each in its own seeded shuffle of the peers. Every order, the
-sweep's figures and the K used are returned for the JSON. A peer that fails (PeerFailed) is printed,
-recorded with why, and not run again. Figures across the measured rounds: medians with their range.
-run_size records a size's rounds into the invocation's JSON; print_size prints its lines.
+on (a sweep of one K runs nothing: that K is used); then `repeats` measured rounds, each in its own
+seeded shuffle of the peers. Every order, the sweep's figures and the K used are returned for the
+JSON. A peer that fails (PeerFailed) is printed, recorded with why, and not run again. Figures across
+the measured rounds: medians with their range. run_size records a size's rounds into the
+invocation's JSON; print_size prints its lines.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def add_round_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-rounds", type=int, default=WARMUP_ROUNDS, help="rounds run first and discarded")
     parser.add_argument("--seed", type=int, default=0, help="seeds each round's shuffled peer order (recorded)")
     parser.add_argument(
-        "--sweep", default=",".join(map(str, SWEEP)), help=f"Ks tried for {', '.join(TUNED)}, the fastest used; '' for 16"
+        "--sweep",
+        default=",".join(map(str, SWEEP)),
+        help=f"Ks tried for {', '.join(TUNED)}, the fastest used; one K: used with no sweep runs; '' for 16",
     )
 
 
@@ -99,10 +102,12 @@ def run_rounds(
             if (r := attempt(peer, None, f"warm-up {w + 1} (discarded)")) is not None:
                 record["warmup"].setdefault(peer, []).append(r["step_s"])
     tuned = [p for p in peers if p in TUNED]
-    for peer, k in shuffled([(p, k) for p in tuned for k in sweep], seed, 0):
+    if len(sweep) == 1:  # one K: nothing to choose, so no sweep runs; the rounds run it
+        record["k"] = {peer: sweep[0] for peer in tuned}
+    for peer, k in shuffled([(p, k) for p in tuned for k in sweep if len(sweep) > 1], seed, 0):
         if (r := attempt(peer, k, "sweep")) is not None:
             record["sweep"].setdefault(peer, {})[k] = r["step_s"]
-    record["k"] = {peer: min(ks, key=ks.get) for peer, ks in record["sweep"].items()}
+    record["k"] |= {peer: min(ks, key=ks.get) for peer, ks in record["sweep"].items()}
     runs: dict[str, list[dict]] = {p: [] for p in peers}
     for repeat in range(repeats):
         order = shuffled(peers, seed, repeat + 1)
@@ -120,7 +125,8 @@ def sweep_line(rounds: dict) -> str:
         for peer, ks in rounds["sweep"].items()
     ]
     orders = "; ".join(" ".join(order) for order in rounds["orders"])
-    head = f"K swept: {'; '.join(parts)}" if parts else "K not swept (16 for the tuned peers)"
+    given = sorted(set(rounds["k"].values()))
+    head = f"K swept: {'; '.join(parts)}" if parts else f"K not swept ({given[0] if given else 16} for the tuned peers)"
     return f"{head}\norders (seed {rounds['seed']}, {rounds['warmup_rounds']} warm-up round(s) first, discarded): {orders}"
 
 

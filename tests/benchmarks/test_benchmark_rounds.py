@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tests.benchmarks.drawn import EXAMPLES, SALT, check_fits
-from tests.benchmarks.rounds import PeerFailed, run_rounds, shuffled, summary, sweep_values
+from tests.benchmarks.rounds import PeerFailed, run_rounds, shuffled, summary, sweep_line, sweep_values
 
 pytestmark = pytest.mark.pure
 
@@ -129,3 +129,14 @@ def test_every_peer_draws_a_fresh_batch_each_step_over_whole_tables_and_pstrains
 def test_a_run_longer_than_the_drawn_examples_is_refused_before_it_starts():
     assert check_fits(400, 256) == ""
     assert "an example would repeat" in check_fits(EXAMPLES // 128 + 1, 128)
+
+
+def test_a_sweep_of_one_k_runs_no_sweep_and_the_rounds_use_that_k():
+    calls: list = []
+    rounds = run_rounds(fake(calls), PEERS, "1m", repeats=2, seed=0, sweep=(64,), warmup_rounds=0)
+    assert rounds["sweep"] == {} and rounds["k"] == {"async": 64, "mwms": 64}
+    assert len(calls) == 2 * len(PEERS)  # the measured rounds only
+    assert {k for peer, k in calls if peer in ("async", "mwms")} == {64} and {k for peer, k in calls if peer not in BEST} == {
+        None
+    }
+    assert sweep_line(rounds).startswith("K not swept (64 for the tuned peers)")
