@@ -17,9 +17,11 @@ for arg in "$@"; do
     -k | -k?* | --keyword*) filtered=1 ;;
   esac
 done
-# The cluster tier runs its files in 2 processes (pytest-xdist, one file per process at a time): its tests
-# wait on processes and timeouts for about a third of their time, so 2 cores overlap them. PSTRAIN_TEST_WORKERS=0
-# runs it in one process. Each test still starts its own cluster on free ports, and reaps it.
+# Every tier runs in 2 processes (pytest-xdist): pure and inprocess spread their tests (each process
+# makes its own in-process cluster), cluster spreads its files (one file per process at a time: a file
+# shares its clusters between its tests); cluster tests wait on processes and timeouts for about a third
+# of their time, so 2 cores overlap them. PSTRAIN_TEST_WORKERS=0 runs each tier in one process. Each test
+# still starts its own cluster on free ports, and reaps it.
 workers="${PSTRAIN_TEST_WORKERS:-2}"
 for tier in pure inprocess cluster netns; do
   echo "pstrain: tests of tier $tier"
@@ -32,6 +34,8 @@ for tier in pure inprocess cluster netns; do
       python -m pytest tests -m "$tier and alone" "$@" || later=$?
       if [ "$later" != 5 ]; then code=$later; fi
     fi
+  elif [ "$tier" != netns ] && [ "$workers" != 0 ]; then
+    python -m pytest tests -m "$tier" -n "$workers" --dist load "$@" || code=$?
   else
     python -m pytest tests -m "$tier" "$@" || code=$?
   fi
