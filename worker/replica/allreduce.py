@@ -35,6 +35,7 @@ COLLECTIVE_TIMEOUT_S = 60.0
 # The exchange's own instance key; the group key is the caller's (a fresh one per chief incarnation: a
 # group that outlives a restarted task refuses it, "current incarnation doesn't match").
 _INSTANCE_KEY = 2
+_ROW_ALIGN_BYTES = 64  # Eigen's widest alignment (AVX-512): a slice starting on it aliases its tensor
 
 
 class WorkerCopy(ps_values.PerWorkerVariable):
@@ -64,7 +65,11 @@ def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: 
     dtype = grads[0].dtype
     bits = {2: tf.int16, 4: tf.int32, 8: tf.int64}[dtype.size]
     own = tf.bitcast(tf.cast(slot, bits), dtype)[tf.newaxis]
-    row = tf.concat([*(tf.reshape(g, [-1]) for g in grads), own], 0)[tf.newaxis]  # one copy of the gradients
+    sizes = [g.shape.num_elements() for g in grads]
+    # Rows of whole 64-byte lines: TF then slices a row out of the gathered tensor without copying it
+    # (measured on the dense 1 M row: the slot-order sum 1.6-2.1 ms aligned, 2.6-2.8 ms not).
+    tail = -(sum(sizes) + 1) % (_ROW_ALIGN_BYTES // dtype.size) + 1  # the padding, then the slot
+    row = tf.concat([*(tf.reshape(g, [-1]) for g in grads), tf.zeros([tail - 1], dtype), own], 0)[tf.newaxis]
     rows = tf.raw_ops.CollectiveGatherV2(
         input=row,
         group_size=num_slots,
@@ -77,7 +82,7 @@ def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: 
     # Summed whole, then split: elementwise the same add_n and division as one variable at a time, with
     # no copy of a slot's row (a row of the gathered tensor is a view of it where TF can align it).
     mean = tf.add_n([rows[order[k]] for k in range(num_slots)]) / tf.cast(num_slots, dtype)
-    parts = tf.split(mean, [g.shape.num_elements() for g in grads] + [1])[:-1]  # not the slots' column
+    parts = tf.split(mean, [*sizes, tail])[:-1]  # not the padding and the slots' column
     return [tf.reshape(part, g.shape) for part, g in zip(parts, grads, strict=True)]
 
 
