@@ -7,12 +7,15 @@ second here (a 49 MiB one was written between two polls once in five runs)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from chief.jobs import digits
@@ -85,6 +88,37 @@ def writing_checkpoints(checkpoints: Path) -> list[int]:
     return [int(m.group(1)) for p in temp if (m := re.match(r"ckpt-(\d+)_temp$", p.name))]
 
 
+def tf_config_of(process: psutil.Process) -> str:
+    try:
+        return process.environ().get("TF_CONFIG", "")
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
+@contextlib.contextmanager
+def ps_paused():
+    """The ps tasks this test started (its own descendants whose TF_CONFIG names a ps), suspended by pid
+    (SIGSTOP) for the block and resumed after it: a checkpoint write in progress stays in progress."""
+    tasks = [p for p in psutil.Process().children(recursive=True) if '"type": "ps"' in tf_config_of(p)]
+    assert tasks, "no ps task of this test's run was found to pause"
+    for task in tasks:
+        task.suspend()
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.resume()
+
+
+def chief_heard(log: Path, line: str, within_s: float = 6.0) -> None:
+    """Wait until the chief's log has `line` (its agent hears a stop at its next heartbeat, every 2 s);
+    well inside the 10 s after which a paused task counts as lost."""
+    deadline = time.monotonic() + within_s
+    while line not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert line in log.read_text(), f"the chief did not log {line!r} within {within_s} s"
+
+
 def stop_during_a_write(args: list[str], run_dir: Path, stop) -> tuple:
     """Run `args`, sending `stop` (a signal, or `pstrain stop`) as soon as a checkpoint write is seen in
     progress; returns (the run, the step being written, whether it still was once the stop was sent,
@@ -94,7 +128,9 @@ def stop_during_a_write(args: list[str], run_dir: Path, stop) -> tuple:
     def a_write_in_progress() -> bool:
         if not seen and (steps := writing_checkpoints(checkpoints)):
             if stop == "pstrain stop":
-                asked.append(pstrain_stop(run_dir))
+                with ps_paused():  # the write waits for the chief to hear the stop: a process's start may outlast it
+                    asked.append(pstrain_stop(run_dir))
+                    chief_heard(run_dir / "logs" / "chief-0.log", "stopping: pstrain stop")
             seen.extend([steps[0], steps[0] in writing_checkpoints(checkpoints)])
         return bool(seen)
 
@@ -105,7 +141,8 @@ def stop_during_a_write(args: list[str], run_dir: Path, stop) -> tuple:
 
 def test_stops_during_checkpoint_writes_end_the_run_at_that_checkpoint(tmp_path):
     """SIGTERM while checkpoint 10 is written, then `pstrain stop` while the resumed run writes checkpoint 20
-    (each sent when `ckpt-N_temp` appears; a 488 MiB table): each write completes and the run stops at
+    (each sent when `ckpt-N_temp` appears; a 488 MiB table; the ps paused until the chief heard the
+    `pstrain stop`, a process whose start may outlast the write): each write completes and the run stops at
     its step, noticed between blocks (no block runs after the stop) and not written twice, with one
     line naming the stop without `error`, exit 143 and 0, no half-written checkpoint and nothing left
     running. The third run ends with the uninterrupted run's checkpoint and predictions, bit for bit (a
