@@ -17,7 +17,7 @@ for arg in "$@"; do
     -k | -k?* | --keyword*) filtered=1 ;;
   esac
 done
-# Every tier runs in 2 processes (pytest-xdist): pure and inprocess spread their tests (each process
+# Every tier but netns runs in 2 processes (pytest-xdist): pure and inprocess spread their tests (each process
 # makes its own in-process cluster), cluster spreads its files (one file per process at a time: a file
 # shares its clusters between its tests); cluster tests wait on processes and timeouts for about a third
 # of their time, so 2 cores overlap them. PSTRAIN_TEST_WORKERS=0 runs each tier in one process. Each test

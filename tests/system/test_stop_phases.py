@@ -8,6 +8,7 @@ second here (a 49 MiB one was written between two polls once in five runs)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import subprocess
@@ -88,10 +89,10 @@ def writing_checkpoints(checkpoints: Path) -> list[int]:
     return [int(m.group(1)) for p in temp if (m := re.match(r"ckpt-(\d+)_temp$", p.name))]
 
 
-def tf_config_of(process: psutil.Process) -> str:
+def task_type_of(process: psutil.Process) -> str:
     try:
-        return process.environ().get("TF_CONFIG", "")
-    except psutil.Error:  # ended meanwhile
+        return json.loads(process.environ().get("TF_CONFIG", "{}")).get("task", {}).get("type", "")
+    except (psutil.Error, ValueError):  # ended meanwhile, or no TF_CONFIG of pstrain's
         return ""
 
 
@@ -99,18 +100,19 @@ def tf_config_of(process: psutil.Process) -> str:
 def ps_paused():
     """The ps tasks this test started (its own descendants whose TF_CONFIG names a ps), suspended by pid
     (SIGSTOP) for the block and resumed after it: a checkpoint write in progress stays in progress."""
-    tasks = [p for p in psutil.Process().children(recursive=True) if '"type": "ps"' in tf_config_of(p)]
+    tasks = [p for p in psutil.Process().children(recursive=True) if task_type_of(p) == "ps"]
     assert tasks, "no ps task of this test's run was found to pause"
-    for task in tasks:
-        task.suspend()
     try:
+        for task in tasks:
+            task.suspend()
         yield
     finally:
         for task in tasks:
-            task.resume()
+            with contextlib.suppress(psutil.NoSuchProcess):  # killed meanwhile: the run's own failure says why
+                task.resume()
 
 
-def chief_heard(log: Path, line: str, within_s: float = 6.0) -> None:
+def chief_heard(log: Path, line: str, within_s: float = 5.0) -> None:
     """Wait until the chief's log has `line` (its agent hears a stop at its next heartbeat, every 2 s);
     well inside the 10 s after which a paused task counts as lost."""
     deadline = time.monotonic() + within_s
