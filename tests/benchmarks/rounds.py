@@ -104,10 +104,11 @@ def run_rounds(
     tuned = [p for p in peers if p in TUNED]
     if len(sweep) == 1:  # one K: nothing to choose, so no sweep runs; the rounds run it
         record["k"] = {peer: sweep[0] for peer in tuned}
-    for peer, k in shuffled([(p, k) for p in tuned for k in sweep if len(sweep) > 1], seed, 0):
-        if (r := attempt(peer, k, "sweep")) is not None:
-            record["sweep"].setdefault(peer, {})[k] = r["step_s"]
-    record["k"] |= {peer: min(ks, key=ks.get) for peer, ks in record["sweep"].items()}
+    else:
+        for peer, k in shuffled([(p, k) for p in tuned for k in sweep], seed, 0):
+            if (r := attempt(peer, k, "sweep")) is not None:
+                record["sweep"].setdefault(peer, {})[k] = r["step_s"]
+        record["k"] = {peer: min(ks, key=ks.get) for peer, ks in record["sweep"].items()}
     runs: dict[str, list[dict]] = {p: [] for p in peers}
     for repeat in range(repeats):
         order = shuffled(peers, seed, repeat + 1)
@@ -125,8 +126,8 @@ def sweep_line(rounds: dict) -> str:
         for peer, ks in rounds["sweep"].items()
     ]
     orders = "; ".join(" ".join(order) for order in rounds["orders"])
-    given = sorted(set(rounds["k"].values()))
-    head = f"K swept: {'; '.join(parts)}" if parts else f"K not swept ({given[0] if given else 16} for the tuned peers)"
+    given = next(iter(rounds["k"].values()), 16)  # one K for every tuned peer when none was swept (16: fair.py)
+    head = f"K swept: {'; '.join(parts)}" if parts else f"K not swept ({given} for the tuned peers)"
     return f"{head}\norders (seed {rounds['seed']}, {rounds['warmup_rounds']} warm-up round(s) first, discarded): {orders}"
 
 

@@ -8,7 +8,6 @@ second here (a 49 MiB one was written between two polls once in five runs)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import signal
 import subprocess
@@ -20,7 +19,8 @@ import psutil
 import pytest
 
 from chief.jobs import digits
-from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain
+from tests import helpers
+from tests.helpers import assert_no_orphans, metrics, predictions, run_pstrain, task_pid
 from tests.jobs import tables
 from tests.soak import compare_checkpoints
 from tests.system.test_local_cluster import pstrain_stop
@@ -89,19 +89,13 @@ def writing_checkpoints(checkpoints: Path) -> list[int]:
     return [int(m.group(1)) for p in temp if (m := re.match(r"ckpt-(\d+)_temp$", p.name))]
 
 
-def task_type_of(process: psutil.Process) -> str:
-    try:
-        return json.loads(process.environ().get("TF_CONFIG", "{}")).get("task", {}).get("type", "")
-    except (psutil.Error, ValueError):  # ended meanwhile, or no TF_CONFIG of pstrain's
-        return ""
-
-
 @contextlib.contextmanager
 def ps_paused():
-    """The ps tasks this test started (its own descendants whose TF_CONFIG names a ps), suspended by pid
-    (SIGSTOP) for the block and resumed after it: a checkpoint write in progress stays in progress."""
-    tasks = [p for p in psutil.Process().children(recursive=True) if task_type_of(p) == "ps"]
-    assert tasks, "no ps task of this test's run was found to pause"
+    """The run's ps task (this test's own, found by its TF_CONFIG under the launcher run_pstrain runs),
+    suspended by pid (SIGSTOP) for the block and resumed after it: a write in progress stays in progress."""
+    pid = task_pid(helpers.current_launcher, "ps", 0)
+    assert pid is not None, "no ps task of this test's run was found to pause"
+    tasks = [psutil.Process(pid)]
     try:
         for task in tasks:
             task.suspend()
