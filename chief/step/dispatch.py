@@ -114,10 +114,11 @@ class ClusterEngine:
         self._late: set[futures.Future] = set()
         self._finished: list[int] = []  # the last block's slots in the order their closures finished
         self._step_s = 1.0  # the fastest step seen (seconds): how long a block may go without progress
+        self.aggregator: SyncReplicasAggregator | None = None  # `prepare` makes it, unless the engine is lean
 
     def prepare(self, start_step: int) -> None:
-        """Accumulators, the step gate, the per-worker data and the traced functions, for a run starting
-        at `start_step`."""
+        """The per-worker data and the traced functions for a run starting at `start_step`, and (unless the
+        engine is lean) the accumulators and the step gate on the ps."""
         variables = trainable_of(self.state.model)
         if any(self.sparse):
             tables = {v.name.split("/part_")[0].split(":")[0] for v, rows in zip(variables, self.sparse, strict=True) if rows}
@@ -125,41 +126,49 @@ class ClusterEngine:
         device = self.state.global_step.device
         if self.train.dense == "allreduce" and self.dense is None:  # the copies start from the ps's values
             self.dense = DenseCopies(self.strategy, self.job, self.state, self.replica, "/job:worker/replica:0/task:0")
-        kept = [i for i, rows in enumerate(self.sparse) if rows or self.dense is None]  # pushed to the ps
-        self.aggregator = SyncReplicasAggregator(
-            [self.loss, *(variables[i] for i in kept), *self.replica.state_variables],
-            required=self.train.replicas_to_aggregate,
-            total_slots=self.train.total_num_replicas,
-            start_step=start_step,
-            sparse=[False, *(self.sparse[i] for i in kept), *[False] * len(self.replica.state_variables)],
-            arrivals_device=device,
-        )
-        self.gate = StepGate(device)
-        tf.function(self.gate.open, autograph=False)(tf.constant(start_step, tf.int64))
-        if self.train.total_num_replicas > len(self.workers) and self.train.steps_per_execution > 1:
+        t = self.train
+        if t.total_num_replicas > len(self.workers) and t.steps_per_execution > 1:
             log.info(
                 "%d replica slots on %d workers: one step per dispatch (a block's closures must all run at once)",
-                self.train.total_num_replicas,
+                t.total_num_replicas,
                 len(self.workers),
             )
         # Each worker builds its own source (worker/input/sources.py); closures read their slot's examples from it.
         if self.source.streams:
             self.source.begin(start_step)
         self._expected = self.source.fingerprint()
-        t = self.train
         reads_ahead = self.source.reads_ahead and self.read_ahead
         self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if reads_ahead else None
         dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
-        backups = t.total_num_replicas > t.replicas_to_aggregate
         with tf.device(device):
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")
         self.lean = self.dense is not None and lean(self.dense)
-        if self.lean:  # the hybrid step with no ps on a step's path (worker/replica/loop.py lean_loop)
+        if self.lean:  # no ps on a step's path (worker/replica/loop.py lean_loop): no aggregator, gate or apply loop
             log.info('train.dense = "allreduce" and no row-sparse table: the workers take each step with no ps on its path')
             self._lean_fn = lean_loop(
                 self.strategy, self.replica, self.source, self._expected, self._readahead, self.dense, self._stopping
             )
+        else:
+            self._prepare_ps_path(variables, device, start_step)
+        self._warm = False
+
+    def _prepare_ps_path(self, variables: list, device: str, start_step: int) -> None:
+        """The aggregator, the step gate (opened at `start_step`), the closures' loop and the apply loop:
+        every step's path through the ps (train.dense = "ps", or "allreduce" with row-sparse tables)."""
+        t = self.train
+        kept = [i for i, rows in enumerate(self.sparse) if rows or self.dense is None]  # pushed to the ps
+        self.aggregator = SyncReplicasAggregator(
+            [self.loss, *(variables[i] for i in kept), *self.replica.state_variables],
+            required=t.replicas_to_aggregate,
+            total_slots=t.total_num_replicas,
+            start_step=start_step,
+            sparse=[False, *(self.sparse[i] for i in kept), *[False] * len(self.replica.state_variables)],
+            arrivals_device=device,
+        )
+        self.gate = StepGate(device)
+        tf.function(self.gate.open, autograph=False)(tf.constant(start_step, tf.int64))
+        backups = t.total_num_replicas > t.replicas_to_aggregate
         self._worker_fn = worker_loop(
             self.strategy,
             self.state,
@@ -187,7 +196,6 @@ class ClusterEngine:
         self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
         one_ps = len({v.device for v in variables_of(self.state.model.weights)} | {device}) == 1
         self._apply_device = device if one_ps else None
-        self._warm = False
 
     def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
         """Run steps first..first+count-1, in one dispatch when the engine is warm; see `Engine.run`. With
@@ -435,7 +443,7 @@ class ClusterEngine:
             futures.wait(self._late, timeout=30.0)
         for future in [f for f in self._late if f.done()]:
             future.result()
-        prepared = hasattr(self, "aggregator")
+        prepared = self.aggregator is not None  # (a lean engine has none: nothing arrives late)
         late = int(tf.function(self.aggregator.pending_arrivals, autograph=False)().numpy()) if prepared else 0
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         return late
