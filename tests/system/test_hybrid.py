@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import numpy as np
@@ -132,6 +133,28 @@ def test_a_lost_task_restarts_every_worker_and_the_run_ends_with_the_standalone_
     assert different == [] and largest == 0.0, (largest, different)
     assert [r["step"] for r in metrics(run_dir)[0]] == list(range(120))
     assert_no_orphans(result)
+
+
+@pytest.mark.parametrize("job", ["adam", "dense_adam"], ids=["tables", "dense-only"])
+def test_a_killed_chief_resumes_on_two_ps_to_the_standalone_model(tmp_path, job):
+    """The chief killed mid-run (the launch ends with it, every task reaped); the same command with
+    --ps 2 resumes from the last checkpoint (the workers' copies start again from the ps's values, which
+    the checkpoint held) and ends with the standalone model, bit for bit."""
+    name, run_dir, killed, steps = f"tests.jobs.hybrid:{job}", tmp_path / "run", [], 80
+    args = ["launch", "--job", name, "--dense", "allreduce", "--steps", str(steps), "--checkpoint-every", "20"]
+    args += ["--run-dir", str(run_dir)]
+    first = run_pstrain(args, signal_when=kill_task_when(run_dir, "chief", 0, 30, killed), send=None)
+    assert killed
+    assert first.returncode == 128 + signal.SIGKILL, first.output
+    assert_no_orphans(first)
+    second = run_pstrain([*args, "--ps", "2"])
+    assert second.returncode == 0, second.output
+    resumed_at = int(re.search(rf"steps (\d+)\.\.{steps}", second.output).group(1))
+    assert resumed_at >= 20 and resumed_at % 20 == 0, "resumed from the last checkpoint before the kill"
+    assert took_no_ps_path(run_dir) == (job == "dense_adam")
+    largest, different = compare_checkpoints(run_dir, standalone(tmp_path, name, steps=steps))
+    assert different == [] and largest == 0.0, (largest, different)
+    assert_no_orphans(second)
 
 
 def test_a_refused_setting_stops_the_launch_in_one_line_before_any_step(tmp_path):
