@@ -78,5 +78,5 @@ def pass_length(source) -> tuple[int | None, str]:
     cardinality = int(DatasetSource.made(source.make, source.what).cardinality().numpy())
     if cardinality > 0:
         return cardinality // source.slot_batch * source.slot_batch, ""
-    kind = "it repeats without end" if cardinality == -1 else "a stream of unknown cardinality (filter, interleave, TFRecord)"
-    return None, f"train_dataset() is {kind}"
+    kind = "repeats without end" if cardinality == -1 else "is a stream of unknown cardinality (filter, interleave, TFRecord)"
+    return None, f"train_dataset() {kind}"

@@ -40,6 +40,9 @@ class EvalSet:
         dataset = make()
         if not isinstance(dataset, tf.data.Dataset):
             raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
+        from worker.input.datasets import single_examples
+
+        dataset = single_examples(dataset)[0]  # a guide's .batch(64): its examples, in its order
         spec = dataset.element_spec
         if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
             raise JobError(f"{what}: each element must be (features, labels) or (features, labels, sample_weights)")

@@ -24,19 +24,35 @@ def train_source(job, run_dir: RunDir | None, train=None):
     batch and slots; without it (the evaluator sidecar) a stream can only give its first examples."""
     if job.train_dataset:
         what = f"--job {job.spec}: train_dataset()"
-        probe = DatasetSource.made(job.train_dataset, what)
-        if probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe):
+        probe, batch = DatasetSource.examples(job.train_dataset, what)
+        if batch is not None and train is not None:
+            note_batches(what, batch, train.global_batch_size)
+        # Batches taken apart are a stream: the pipeline's order, as Keras's fit reads a dataset of batches.
+        if batch is None and (probe.cardinality().numpy() == 0 or DatasetSource.random_access(probe)):
             return DatasetSource(job.train_dataset, what)
         slots = (train.slot_batch_size, train.total_num_replicas) if train else (0, 0)
         log.info(
             "%s is read as a stream, in the pipeline's own order (a shuffle, a random map, a table or variable "
-            "in a map, or no known size: docs/data.md); pstrain does not shuffle it: shuffle with a seed in it",
+            "in a map, a .batch(), or no known size: docs/data.md); pstrain does not shuffle it: shuffle with a seed in it",
             what,
         )
         return StreamSource(job.train_dataset, what, run_dir.stream_record if train and run_dir else None, *slots)
     if job.train_arrays:
         return TableSource.from_npy_paths(job.train_arrays(), f"--job {job.spec}: train_arrays()")
     return TableSource.from_arrays(checked_arrays(job.spec, "train_data", job.train_data()), run_dir.data)
+
+
+def note_batches(what: str, batch: int, global_batch_size: int) -> None:
+    """Say that the pipeline's batches of `batch` are taken apart (worker/input/datasets.py
+    `single_examples`): in the log, and on the console where pstrain's batch is another size."""
+    line = (
+        f"{what} batches its examples ({batch} at a time): pstrain takes them one by one, in the pipeline's "
+        f"order, and batches them to train.global_batch_size = {global_batch_size}"
+    )
+    if batch == global_batch_size:
+        log.info("%s", line)
+    else:
+        print(f"pstrain: warning: {line}; give --global-batch-size {batch} for the pipeline's batches", flush=True)
 
 
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")

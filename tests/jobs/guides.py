@@ -5,7 +5,8 @@
   parameter_server_training): StringLookup layers for the features and the label applied in the
   training dataset's `map`, created in `train_dataset()`, shuffled (read as a stream); an Embedding,
   a one-unit sigmoid with an L2 kernel regularizer, RMSprop, binary cross-entropy, Accuracy on the
-  thresholded predictions.
+  thresholded predictions. `PssTutorialAsWritten`: the same, its `dataset_fn`'s `.batch(32).repeat()`
+  kept (pstrain takes the batches apart) and its eval set batched.
 - `PssHashingByPosition`: the same data through Hashing + IntegerLookup (and an IntegerLookup for
   the label), adapted in `train_dataset()`, not shuffled; no metrics (the default accuracy is Keras's
   binary one).
@@ -72,6 +73,19 @@ class PssTutorial:
             metrics=[tf_keras.metrics.BinaryAccuracy(name="accuracy")],
         )
         return model
+
+
+class PssTutorialAsWritten(PssTutorial):
+    """The tutorial's `dataset_fn` as it is written: its examples shuffled, batched and repeated
+    (`.shuffle(200).batch(32).repeat()`, the shuffle given a seed); its eval set batched as `evaluate` takes it."""
+
+    @staticmethod
+    def train_dataset():
+        return PssTutorial.train_dataset().batch(32).repeat()
+
+    @staticmethod
+    def eval_dataset():
+        return PssTutorial.eval_dataset().batch(8)
 
 
 @functools.cache
@@ -292,7 +306,7 @@ class LossFactory(SparseNoMetrics):
 
 
 class BatchedNoInput:
-    """A dataset batched with drop_remainder=True and a model without an Input (batches would pass as examples)."""
+    """A dataset batched with drop_remainder=True and a model without an Input (pstrain takes the batches apart)."""
 
     @staticmethod
     def train_dataset():

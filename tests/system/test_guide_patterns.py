@@ -25,6 +25,7 @@ from chief.contract.job import load_job
 from cluster.rundir import RunDir
 from tests.helpers import PSTRAIN, ROOT, assert_no_orphans, metrics, predictions, run_pstrain
 from tests.system.test_bad_input import assert_one_line_error
+from worker.input.datasets import single_examples
 
 pytestmark = pytest.mark.cluster
 
@@ -33,6 +34,7 @@ COMMON = ["--steps", str(STEPS), "--global-batch-size", "16", "--eval-every", "3
 
 CASES = [  # (case, job): every case trains on both engines and ends equal
     ("pss-tutorial-stream", "tests.jobs.guides:PssTutorial"),
+    ("pss-tutorial-as-written-batched-and-repeated", "tests.jobs.guides:PssTutorialAsWritten"),
     ("pss-hashing-integer-lookup-by-position", "tests.jobs.guides:PssHashingByPosition"),
     ("pss-module-level-lookups-binary-accuracy", "tests.jobs.guide_module_tables"),
     ("built-in-methods-activity-losses", "tests.jobs.guides:BuiltInMethods"),
@@ -52,11 +54,6 @@ REFUSED = [  # (case, job, the one line both engines print)
         "tests.jobs.guides:AdaptInDataset",
         "--job tests.jobs.guides:AdaptInDataset: train_dataset() adapts",
     ),
-    (
-        "batched-examples",
-        "tests.jobs.guides:BatchedNoInput",
-        "--job tests.jobs.guides:BatchedNoInput: train_dataset(): its elements",
-    ),
 ]
 
 
@@ -64,7 +61,7 @@ def eval_examples(job) -> tuple:
     """The job's eval set as one batch (the sets here are under 1,024 examples: the chief reads one batch)."""
     if job.eval_data:
         return tuple(job.eval_data()[:2])
-    return tuple(job.eval_dataset().batch(1024).get_single_element()[:2])
+    return tuple(single_examples(job.eval_dataset())[0].batch(1024).get_single_element()[:2])
 
 
 def keras_scores(spec: str, run_dir: Path, reported: dict) -> dict[str, float]:

@@ -70,6 +70,36 @@ def batched_examples(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
     return next((found for d in dataset._inputs() if (found := batched_examples(d)) is not None), None)
 
 
+def single_examples(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int | None]:
+    """(`dataset` as single examples, the batch size it had). A pipeline that batches whole examples (the
+    guides' `.batch(64)`, with a `.repeat()`, `.prefetch()`, a shuffle of the batches or maps of whole
+    batches after it) is unbatched: exactly its examples, in its order (a stream: its batches are not
+    read by position), with the count it declares where the batch's input declares one and nothing
+    after the batch changed the number of batches. Anything else is returned as it is, with None: also
+    a batch that a later step changed into another structure, or another rank, or another first
+    dimension (a map that reduced the batch), which `DatasetSource.made` refuses."""
+    batch = batched_examples(dataset)
+    size = None if batch is None else tf.get_static_value(getattr(batch, "_batch_size", None))
+    if size is None:
+        return dataset, None
+    size, before, after = int(size), batch._input_dataset.element_spec, dataset.element_spec
+    try:
+        tf.nest.assert_same_structure(before, after)
+    except (TypeError, ValueError):
+        return dataset, None
+    ranks = [(b.shape.rank, a.shape) for b, a in zip(tf.nest.flatten(before), tf.nest.flatten(after), strict=True)]
+    if not all(rank is not None and shape.rank == rank + 1 and shape[0] in (None, size) for rank, shape in ranks):
+        return dataset, None
+    examples = dataset.unbatch()
+    given = int(batch._input_dataset.cardinality().numpy()) if tf.executing_eagerly() else -2
+    if given >= 0:
+        whole = getattr(batch, "_drop_remainder", None) is not None and bool(tf.get_static_value(batch._drop_remainder))
+        batches = given // size if whole else -(-given // size)
+        if int(dataset.cardinality().numpy()) == batches:  # every batch is still there, once
+            examples = examples.apply(tf.data.experimental.assert_cardinality(batches * size if whole else given))
+    return examples, size
+
+
 def captures_state(dataset: tf.data.Dataset) -> bool:
     """Whether `dataset` maps with a function that captures a resource: a lookup table (StringLookup,
     IntegerLookup, a `tf.lookup` table: TF's ParameterServerStrategy tutorial) or a variable."""
@@ -113,9 +143,15 @@ class DatasetSource(Source):
 
     @staticmethod
     def made(make: Callable[[], tf.data.Dataset], what: str) -> tf.data.Dataset:
-        """`make()`, checked to be a dataset. Made as the job wrote it (`as_written`): a worker
-        may make it inside a closure that pstrain traces with AutoGraph off, and a map function's Python
-        `if` on a tensor needs AutoGraph on where `map` is called."""
+        """`make()` as single examples (`examples`)."""
+        return DatasetSource.examples(make, what)[0]
+
+    @staticmethod
+    def examples(make: Callable[[], tf.data.Dataset], what: str) -> tuple[tf.data.Dataset, int | None]:
+        """(`make()` checked to be a dataset, as single examples; the batch size its pipeline had, or None:
+        `single_examples`). Made as the job wrote it (`as_written`): a worker may make it inside a closure
+        that pstrain traces with AutoGraph off, and a map function's Python `if` on a tensor needs
+        AutoGraph on where `map` is called."""
         try:
             dataset = as_written(make)()
         except RuntimeError as e:
@@ -128,13 +164,15 @@ class DatasetSource(Source):
             ) from None
         if not isinstance(dataset, tf.data.Dataset):
             raise JobError(f"{what} must return a tf.data.Dataset of single examples, got {type(dataset).__name__}")
-        if (batch := batched_examples(dataset)) is not None:
+        dataset, size = single_examples(dataset)
+        if (batch := batched_examples(dataset)) is not None:  # batches single_examples could not undo exactly
             shape = tf.nest.flatten(batch.element_spec)[0].shape
             raise JobError(
-                f"{what}: its elements are batches (a .batch() of its examples: shape {shape.as_list()}); give single "
-                "examples, which pstrain batches to --global-batch-size (remove the .batch())"
+                f"{what}: its elements are batches (a .batch() of its examples: shape {shape.as_list()}) that pstrain "
+                "cannot take apart exactly (a later step changes their structure, rank or first dimension); give "
+                "single examples, which pstrain batches to --global-batch-size"
             )
-        return dataset
+        return dataset, size
 
     def local(self) -> tf.data.Dataset:
         """The dataset in this process, made again once the process has joined a cluster (its devices change)."""

@@ -75,10 +75,23 @@ def test_an_eval_dataset_of_bare_features_is_refused_in_one_line():
         eval_set(bad, lambda n: None)
 
 
-def test_an_eval_dataset_of_batches_is_refused_before_training():
-    batched = job("unused", eval_dataset=lambda: tf.data.Dataset.from_tensor_slices(data(37)).batch(16))
+def test_an_eval_dataset_of_batches_is_taken_apart_into_its_examples():
+    """A guide's `.batch(16)` (then a map of whole batches and a prefetch): pstrain evaluates its
+    examples, in its order, in batches of its own size."""
+    x, y, _ = data(37)
+    pipeline = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(lambda f, label: (f * 2.0, label)).prefetch(2)
+    batches = list(eval_set(job("unused", eval_dataset=lambda: pipeline), data).batches(10))
+    assert [len(b[1]) for b in batches] == [10, 10, 10, 7]
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x * 2.0)
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y)
+
+
+def test_an_eval_dataset_of_batches_it_cannot_take_apart_is_refused_before_training():
+    """Batches that a later map makes into another structure (weights added to whole batches) stay batches."""
+    x, y, _ = data(37)
+    pipeline = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(lambda f, label: (f, label, tf.ones_like(f[:, 0])))
     with pytest.raises(JobError) as raised:
-        eval_set(batched, data)  # data(1): one training example of 5 features
+        eval_set(job("unused", eval_dataset=lambda: pipeline), data)  # data(1): one training example of 5 features
     assert str(raised.value) == (
         "--job t: eval_dataset(): its examples have shape [16, 5], the training examples [5]: it yields batches; "
         "give single examples, which pstrain batches (remove .batch())"

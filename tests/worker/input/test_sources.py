@@ -152,16 +152,15 @@ NOT_FIXED = [  # a job's pipeline that would train on other examples in each bui
         lambda d: d.map(lambda x, y: (x + tf.random.uniform(tf.shape(x), 0, 0.1), y)),
         "two builds of the pipeline gave different first examples; its order must be fixed",
     ),
-    (lambda d: d.batch(32), "its elements are batches (a .batch() of its examples: shape [None, 8, 8, 1]); give single"),
-    (  # all batches of one shape: seen in the pipeline, not in the examples (a model without Input took them)
-        lambda d: d.batch(32, drop_remainder=True).map(lambda x, y: (x * 2.0, y)),
-        "its elements are batches (a .batch() of its examples: shape [32, 8, 8, 1]); give single examples",
+    (  # batches a later map makes into another structure (weights added to whole batches): not taken apart
+        lambda d: d.batch(32).map(lambda x, y: (x, y, tf.ones_like(y, tf.float32))),
+        "its elements are batches (a .batch() of its examples: shape [None, 8, 8, 1]) that pstrain cannot take apart",
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    "transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batched", "batched drop_remainder"]
+    "transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batches made into another structure"]
 )
 def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
     from chief.contract.job import Job
@@ -172,6 +171,42 @@ def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
     with pytest.raises(JobError) as raised:
         train_source(job, None, TrainConfig(job="j", global_batch_size=32, replicas_to_aggregate=2, total_num_replicas=2))
     assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+
+
+TAKEN_APART = [  # (a guide's pipeline of batches, examples in one pass: None where it repeats without end)
+    (lambda d: d.batch(32), 1437),
+    (lambda d: d.batch(32, drop_remainder=True).map(lambda x, y: (x * 2.0, y)).prefetch(2), 1437 // 32 * 32),
+    (lambda d: d.shuffle(64, seed=3).batch(32).repeat(), None),
+]
+
+
+@pytest.mark.parametrize("transform, count", TAKEN_APART, ids=["batch", "drop_remainder, map, prefetch", "shuffle, repeat"])
+@pytest.mark.parametrize("global_batch", [32, 64])
+def test_a_pipeline_of_batches_is_taken_apart_into_its_examples_in_its_order(capsys, transform, count, global_batch):
+    """TF's guides end train_dataset() with .batch(32) (and .repeat(), .prefetch()): pstrain reads its
+    examples, in the pipeline's order, and batches them itself; one console line where its batch differs."""
+    from chief.contract.job import Job
+    from chief.data.train_source import train_source
+    from chief.epochs import pass_length
+    from chief.jobs import digits
+
+    job = Job("j", None, "mse", None, None, None, train_dataset=digits_dataset(transform))
+    config = TrainConfig(job="j", global_batch_size=global_batch, replicas_to_aggregate=2, total_num_replicas=2)
+    source = train_source(job, None, config)
+    assert source.streams, "read in the pipeline's order, as Keras's fit reads a dataset"
+    expected = transform(tf.data.Dataset.from_tensor_slices(digits.train_data())).unbatch().take(100).batch(100)
+    for got, want in zip(source.first(100), expected.get_single_element(), strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    slot = global_batch // 2
+    assert pass_length(source)[0] == (None if count is None else count // slot * slot)
+    said = capsys.readouterr().out
+    if global_batch == 32:
+        assert "pstrain: warning" not in said, said
+    else:
+        assert said.count("\n") == 1 and said.startswith(
+            "pstrain: warning: --job j: train_dataset() batches its examples (32 at a time): pstrain takes them one by "
+            "one, in the pipeline's order, and batches them to train.global_batch_size = 64; give --global-batch-size 32"
+        ), said
 
 
 def test_a_seeded_shuffle_is_a_stream_whose_order_each_build_repeats():
