@@ -3,6 +3,7 @@ between which a stop ends it (StoppedDuringStartup); what it hands the block loo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -32,6 +33,7 @@ from cluster.rundir import RunDir, note_start, read_records
 from cluster.stop import StopTrap
 from cluster.taskenv import Switches, TaskEnv, wait_until_ready
 from cluster.tfconfig import chief_address, tf_config_text
+from worker.input.lookups import lookups_on_workers
 
 log = logging.getLogger("pstrain.chief")
 
@@ -129,12 +131,13 @@ def start_run(
         raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
     joined = None if standalone else connect()  # before the job's module is imported (see connect)
     startup.mark("wait for the servers and join them")
-    job = load_job(train.job)
-    source = train_source(job, run_dir, train)  # built again on each worker from its own files
-    if epochs := epochs_for(train, *pass_length(source)):
-        train = epochs.resolve(train)  # in steps from here on, on both engines alike
-    evaluation = eval_set(job, source.first)
-    sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
+    with contextlib.nullcontext() if standalone else lookups_on_workers(joined[0]):  # a table per worker
+        job = load_job(train.job)
+        source = train_source(job, run_dir, train)  # built again on each worker from its own files
+        if epochs := epochs_for(train, *pass_length(source)):
+            train = epochs.resolve(train)  # in steps from here on, on both engines alike
+        evaluation = eval_set(job, source.first)
+        sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
     startup.mark("job and data")
     stop_point(stop)
     if standalone:

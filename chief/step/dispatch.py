@@ -40,6 +40,7 @@ from chief.step.rounding import same_rounding_everywhere
 from cluster.config import TrainConfig
 from cluster.errors import RestartableError, user_error
 from cluster.tfconfig import training_resolver
+from worker.input.lookups import local_lookups
 from worker.input.readahead import ReadAhead, schedule_order
 from worker.input.sources import Source
 from worker.ps.aggregator import SyncReplicasAggregator
@@ -139,7 +140,7 @@ class ClusterEngine:
         self._expected = self.source.fingerprint()
         reads_ahead = self.source.reads_ahead and self.read_ahead
         self._readahead = ReadAhead(t.slot_batch_size, t.total_num_replicas) if reads_ahead else None
-        dataset_fn = functools.partial(self.source.dataset_fn, self._readahead)
+        dataset_fn = local_lookups(self.strategy, functools.partial(self.source.dataset_fn, self._readahead))
         self._iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         with tf.device(device):
             self._stopping = tf.Variable(False, trainable=False, name="pstrain_stopping")

@@ -14,6 +14,7 @@ from tensorflow.python.eager import context
 
 from chief.contract.as_written import as_written
 from chief.contract.job import JobError
+from worker.input.lookups import tables_made_here
 from worker.input.position_reads import read_positions
 from worker.input.readahead import ReadAhead
 from worker.input.sources import Nest, Source, digest, sample_positions
@@ -153,7 +154,8 @@ class DatasetSource(Source):
         that pstrain traces with AutoGraph off, and a map function's Python `if` on a tensor needs
         AutoGraph on where `map` is called."""
         try:
-            dataset = as_written(make)()
+            with tables_made_here():  # one copy per worker where it traces the workers' pipeline
+                dataset = as_written(make)()
         except RuntimeError as e:
             if "PreprocessingLayer.adapt" not in str(e):
                 raise
