@@ -131,13 +131,14 @@ def start_run(
         raise PstrainError(f"the launcher did not report the cluster ready within {train.startup_timeout:g}s")
     joined = None if standalone else connect()  # before the job's module is imported (see connect)
     startup.mark("wait for the servers and join them")
-    with contextlib.nullcontext() if standalone else lookups_on_workers(joined[0]):  # a table per worker
+    # A lookup table the job makes at import or in its first build of the data: a copy on each worker.
+    with contextlib.nullcontext() if standalone else lookups_on_workers(joined[0]):
         job = load_job(train.job)
         source = train_source(job, run_dir, train)  # built again on each worker from its own files
-        if epochs := epochs_for(train, *pass_length(source)):
-            train = epochs.resolve(train)  # in steps from here on, on both engines alike
-        evaluation = eval_set(job, source.first)
-        sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
+    if epochs := epochs_for(train, *pass_length(source)):
+        train = epochs.resolve(train)  # in steps from here on, on both engines alike
+    evaluation = eval_set(job, source.first)
+    sample = tf.nest.map_structure(np.asarray, source.first(1)[0])
     startup.mark("job and data")
     stop_point(stop)
     if standalone:

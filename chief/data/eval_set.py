@@ -43,6 +43,8 @@ class EvalSet:
         from worker.input.datasets import single_examples
 
         dataset = single_examples(dataset)[0]  # a guide's .batch(64): its examples, in its order
+        if int(dataset.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY:
+            raise JobError(f"{what} repeats without end; an evaluation reads the set once: remove its .repeat()")
         spec = dataset.element_spec
         if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
             raise JobError(f"{what}: each element must be (features, labels) or (features, labels, sample_weights)")

@@ -71,19 +71,42 @@ def batched_examples(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
     return next((found for d in dataset._inputs() if (found := batched_examples(d)) is not None), None)
 
 
+PLAIN_BATCHES = ("_BatchDataset", "_ParallelBatchDataset")  # `.batch()`, with or without num_parallel_calls
+ROW_KEEPERS = ("Prefetch", "Shuffle", "Cache", "Options", "Repeat", "Take", "Skip")  # keep each batch's rows
+
+
+def keeps_rows(dataset: tf.data.Dataset, batch: tf.data.Dataset, size: int) -> bool:
+    """Whether every step from `batch` up to `dataset` keeps each batch's rows (a prefetch, shuffle,
+    cache, repeat, take or skip of whole batches, or a map whose output keeps the static batch `size`),
+    so the examples' count follows from the number of batches."""
+    while dataset is not batch:
+        inputs, name = dataset._inputs(), type(dataset).__name__
+        if len(inputs) != 1:
+            return False
+        if "Map" in name:
+            if not all(s.shape.rank and s.shape[0] == size for s in tf.nest.flatten(dataset.element_spec)):
+                return False
+        elif not any(kind in name for kind in ROW_KEEPERS):
+            return False
+        dataset = inputs[0]
+    return True
+
+
 def single_examples(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int | None]:
-    """(`dataset` as single examples, the batch size it had). A pipeline that batches whole examples (the
-    guides' `.batch(64)`, with a `.repeat()`, `.prefetch()`, a shuffle of the batches or maps of whole
-    batches after it) is unbatched: exactly its examples, in its order (a stream: its batches are not
-    read by position), with the count it declares where the batch's input declares one and nothing
-    after the batch changed the number of batches. Anything else is returned as it is, with None: also
-    a batch that a later step changed into another structure, or another rank, or another first
-    dimension (a map that reduced the batch), which `DatasetSource.made` refuses."""
+    """(`dataset` as single examples, the batch size it had). A pipeline whose last `.batch()` batches
+    whole examples (the guides' `.batch(64)`, with a `.repeat()`, `.prefetch()`, a shuffle of the
+    batches or maps of whole batches after it) is unbatched: exactly its examples, in its order (a
+    stream: its batches are not read by position). Its count is declared where it follows from the
+    batch's input (`keeps_rows`, and the same number of batches), else left unknown. Anything else is
+    returned as it is, with None, for `DatasetSource.examples` to refuse: a padded batch, a batch of
+    batches, and a batch that a later step changed into another structure, rank or first dimension."""
     batch = batched_examples(dataset)
-    size = None if batch is None else tf.get_static_value(getattr(batch, "_batch_size", None))
+    if batch is None or type(batch).__name__ not in PLAIN_BATCHES or batched_examples(batch._input_dataset) is not None:
+        return dataset, None
+    size, before, after = tf.get_static_value(batch._batch_size), batch._input_dataset.element_spec, dataset.element_spec
     if size is None:
         return dataset, None
-    size, before, after = int(size), batch._input_dataset.element_spec, dataset.element_spec
+    size = int(size)
     try:
         tf.nest.assert_same_structure(before, after)
     except (TypeError, ValueError):
@@ -93,10 +116,10 @@ def single_examples(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int | No
         return dataset, None
     examples = dataset.unbatch()
     given = int(batch._input_dataset.cardinality().numpy()) if tf.executing_eagerly() else -2
-    if given >= 0:
-        whole = getattr(batch, "_drop_remainder", None) is not None and bool(tf.get_static_value(batch._drop_remainder))
+    if given >= 0 and keeps_rows(dataset, batch, size):
+        whole = tf.get_static_value(batch._drop_remainder)
         batches = given // size if whole else -(-given // size)
-        if int(dataset.cardinality().numpy()) == batches:  # every batch is still there, once
+        if whole is not None and int(dataset.cardinality().numpy()) == batches:  # every batch is still there, once
             examples = examples.apply(tf.data.experimental.assert_cardinality(batches * size if whole else given))
     return examples, size
 
@@ -171,8 +194,8 @@ class DatasetSource(Source):
             shape = tf.nest.flatten(batch.element_spec)[0].shape
             raise JobError(
                 f"{what}: its elements are batches (a .batch() of its examples: shape {shape.as_list()}) that pstrain "
-                "cannot take apart exactly (a later step changes their structure, rank or first dimension); give "
-                "single examples, which pstrain batches to --global-batch-size"
+                "cannot take apart exactly (a padded batch, a batch of batches, or a later step that changes their "
+                "structure, rank or first dimension); give single examples, which pstrain batches to --global-batch-size"
             )
         return dataset, size
 

@@ -34,19 +34,22 @@ _tracing = threading.local()  # .strategy: set while local_lookups traces a per-
 
 
 def held_here(value: Any) -> bool:
-    """Whether `value` (an initializer's fields, a default value) holds no tensor of a graph being built."""
+    """Whether `value` (keys, values, a default value) holds no tensor of a graph being built."""
     return not any(tf.is_symbolic_tensor(v) for v in tf.nest.flatten(value) if isinstance(v, tf.Tensor))
 
 
 def copyable(args: tuple, kwargs: dict) -> bool:
-    """Whether a StaticHashTable's arguments can make it again on a worker: made eagerly (in
-    `tf.init_scope()`, where Keras makes its tables) from values this process holds."""
+    """Whether a StaticHashTable's arguments can make it again on a worker, the same: made eagerly (in
+    `tf.init_scope()`, where Keras makes its tables) from keys and values this process holds
+    (`KeyValueTensorInitializer`). A table read from a file stays one table, on the chief: a worker's
+    copy would read its own disk's file."""
     if not tf.executing_eagerly():
         return False
-    fields = []  # the arguments, an initializer by its fields (its keys and values)
-    for a in [*args, *kwargs.values()]:
-        fields += [a] if isinstance(a, tf.Tensor) or not hasattr(a, "__dict__") else list(vars(a).values())
-    return held_here(fields)
+    initializer = kwargs.get("initializer", args[0] if args else None)
+    default = kwargs.get("default_value", args[1] if len(args) > 1 else None)
+    if not isinstance(initializer, tf.lookup.KeyValueTensorInitializer) or not hasattr(initializer, "_keys"):
+        return False  # (Keras's NullInitializer, of a layer given no vocabulary yet, has no keys)
+    return held_here([initializer._keys, initializer._values, default])
 
 
 def per_worker_creator(strategy: tf.distribute.Strategy) -> Callable:
@@ -75,10 +78,11 @@ def tables_made_here() -> Iterator[None]:
 
 @contextlib.contextmanager
 def lookups_on_workers(strategy: tf.distribute.Strategy) -> Iterator[None]:
-    """Around the chief's import of the job and its first reads of the data (eager): a Keras table made
-    there (at the job module's top level, in a functools.cache'd function the pipeline calls) gets a
-    copy on each worker, which the workers' pipeline then reads. Makes the strategy's coordinator."""
-    tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy: the engine's own
+    """Around the chief's import of the job and its first build of the training data (eager): a Keras
+    table made there (at the job module's top level, in a functools.cache'd function the pipeline
+    calls) gets a copy on each worker, which the workers' pipeline then reads. Makes the strategy's
+    coordinator (one per strategy: the engine's own, made now instead of with the engine)."""
+    tf.distribute.coordinator.ClusterCoordinator(strategy)
     with ops.resource_creator_scope("StaticHashTable", per_worker_creator(strategy)):
         yield
 

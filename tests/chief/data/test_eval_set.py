@@ -96,3 +96,14 @@ def test_an_eval_dataset_of_batches_it_cannot_take_apart_is_refused_before_train
         "--job t: eval_dataset(): its examples have shape [16, 5], the training examples [5]: it yields batches; "
         "give single examples, which pstrain batches (remove .batch())"
     )
+
+
+def test_an_eval_dataset_that_repeats_without_end_is_refused_in_one_line():
+    """TF's tutorial's eval set ends in .repeat().batch(8): taken apart it would never end."""
+    x, y, _ = data(37)
+    pipeline = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(16, seed=1).repeat().batch(8)
+    with pytest.raises(JobError) as raised:
+        eval_set(job("unused", eval_dataset=lambda: pipeline), data)
+    assert str(raised.value) == (
+        "--job t: eval_dataset() repeats without end; an evaluation reads the set once: remove its .repeat()"
+    )

@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.distribute import ps_values
 
-from worker.input.lookups import local_lookups
+from worker.input.lookups import local_lookups, lookups_on_workers
 from worker.input.streams import StreamSource
 
 pytestmark = pytest.mark.inprocess
@@ -82,3 +82,23 @@ def test_a_lookup_in_the_pipeline_reads_on_each_worker_what_the_standalone_strea
     for j, remote in enumerate(reads):
         ids, where = remote.fetch()
         assert int(where[0]) == j and ids.tolist() == standalone[j], j
+
+
+def test_a_table_the_chief_makes_while_it_imports_the_job_gets_a_copy_per_worker_unless_read_from_a_file(
+    in_process_cluster, tmp_path
+):
+    """A lookup layer at the job module's top level (made eagerly, under `lookups_on_workers`) is a
+    DistributedTable; one read from a vocabulary file stays one table (a worker would read its own
+    disk's file), as does one made outside the scope."""
+    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster)
+    vocabulary = tmp_path / "vocabulary.txt"
+    vocabulary.write_text("\n".join(VOCABULARY) + "\n")
+    with lookups_on_workers(strategy):
+        given = tf_keras.layers.StringLookup(vocabulary=VOCABULARY)
+        from_file = tf_keras.layers.StringLookup(vocabulary=str(vocabulary))
+    outside = tf_keras.layers.StringLookup(vocabulary=VOCABULARY)
+    assert isinstance(given.lookup_table, ps_values.DistributedTable)
+    assert not isinstance(from_file.lookup_table, ps_values.DistributedTable)
+    assert not isinstance(outside.lookup_table, ps_values.DistributedTable)
+    for layer in (given, from_file, outside):  # in the chief's own reads, each gives the vocabulary's ids
+        assert layer(tf.constant(WORDS[:4])).numpy().tolist() == [1, 2, 3, 0]

@@ -156,11 +156,21 @@ NOT_FIXED = [  # a job's pipeline that would train on other examples in each bui
         lambda d: d.batch(32).map(lambda x, y: (x, y, tf.ones_like(y, tf.float32))),
         "its elements are batches (a .batch() of its examples: shape [None, 8, 8, 1]) that pstrain cannot take apart",
     ),
+    (  # a batch of batches: taking the outer one apart would leave batches as examples
+        lambda d: d.batch(4).batch(8),
+        "its elements are batches (a .batch() of its examples: shape [None, None, 8, 8, 1]) that pstrain cannot take",
+    ),
+    (  # padded to each batch's longest example: taken apart, examples of one length would differ by batch
+        lambda d: d.padded_batch(32),
+        "its elements are batches (a .batch() of its examples: shape [None, 8, 8, 1]) that pstrain cannot take apart",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    "transform, message", NOT_FIXED, ids=["unseeded shuffle", "random map", "batches made into another structure"]
+    "transform, message",
+    NOT_FIXED,
+    ids=["unseeded shuffle", "random map", "batches made into another structure", "batch of batches", "padded batch"],
 )
 def test_a_pipeline_whose_examples_are_not_fixed_is_refused(transform, message):
     from chief.contract.job import Job
@@ -177,10 +187,16 @@ TAKEN_APART = [  # (a guide's pipeline of batches, examples in one pass: None wh
     (lambda d: d.batch(32), 1437),
     (lambda d: d.batch(32, drop_remainder=True).map(lambda x, y: (x * 2.0, y)).prefetch(2), 1437 // 32 * 32),
     (lambda d: d.shuffle(64, seed=3).batch(32).repeat(), None),
+    (  # a map that drops rows of each batch: the count is not known before a pass
+        lambda d: d.batch(32).map(lambda x, y: (tf.boolean_mask(x, y % 2 == 0), tf.boolean_mask(y, y % 2 == 0))),
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize("transform, count", TAKEN_APART, ids=["batch", "drop_remainder, map, prefetch", "shuffle, repeat"])
+@pytest.mark.parametrize(
+    "transform, count", TAKEN_APART, ids=["batch", "drop_remainder, map, prefetch", "shuffle, repeat", "rows dropped"]
+)
 @pytest.mark.parametrize("global_batch", [32, 64])
 def test_a_pipeline_of_batches_is_taken_apart_into_its_examples_in_its_order(capsys, transform, count, global_batch):
     """TF's guides end train_dataset() with .batch(32) (and .repeat(), .prefetch()): pstrain reads its
