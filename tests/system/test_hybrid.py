@@ -105,18 +105,21 @@ def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
     ("job", "task", "sig", "flags"),
     [
         ("adam", "worker", signal.SIGKILL, []),
-        ("dense_adam", "worker", signal.SIGKILL, []),
+        ("dense_adam", "worker", signal.SIGKILL, ["--steps-per-execution", "1"]),
+        ("adam", "worker", signal.SIGSTOP, []),
         ("dense_adam", "worker", signal.SIGSTOP, ["--steps-per-execution", "1"]),
+        ("adam", "ps", signal.SIGKILL, []),
         ("adam", "ps", signal.SIGKILL, ["--steps-per-execution", "1"]),
     ],
-    ids=["killed", "killed-dense-only", "hung-K1-dense-only", "ps-killed-K1"],
+    ids=["killed", "killed-K1-dense-only", "hung", "hung-K1-dense-only", "ps-killed", "ps-killed-K1"],
 )
 def test_a_lost_task_restarts_every_worker_and_the_run_ends_with_the_standalone_model(tmp_path, job, task, sig, flags):
-    """A worker killed (or hung, with one step per block) mid-run aborts the survivors' collectives for
-    good (../shared/notes/hybrid.md): the launcher restarts every worker, then the chief, which resumes
-    from the last checkpoint with a fresh collective group; the run ends with the standalone model, no
-    error line, every process reaped. A killed ps (its variables lost) restarts with them. A model with
-    no table ("dense-only": no ps on a step's path) finds a hung worker by its block running too long."""
+    """Each fault at the default K and at K = 1. A worker killed (or hung) mid-run aborts the survivors'
+    collectives for good (../shared/notes/hybrid.md): the launcher restarts every worker, then the chief,
+    which resumes from the last checkpoint with a fresh collective group; the run ends with the
+    standalone model, no error line, every process reaped. A killed ps (its variables lost) restarts
+    with them. A model with no table ("dense-only": no ps on a step's path) finds a hung worker by its
+    block running too long."""
     name, run_dir, killed = f"tests.jobs.hybrid:{job}", tmp_path / "run", []
     args = ["launch", "--job", name, "--dense", "allreduce", "--steps", "120", "--checkpoint-every", "25"]
     args += ["--run-dir", str(run_dir), *flags]
