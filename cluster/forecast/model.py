@@ -241,8 +241,11 @@ def predict_allreduce(
       as `RingGather` (collective_param_resolver_local.cc; ring_alg.cc): each worker receives N-1
       dense gradients from its predecessor in the ring and sends N-1 to its successor, in N-1 ring
       steps of one round trip each (the slot rides in the gathered row). Bytes both ways are
-      summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The CPU
-      of the exchange's messages is not modelled (not measured); on loopback it costs nothing here.
+      summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The two
+      directions in fact overlap (a 40 MiB gather at 1 Gbit: 1.3x one way's time, not 2x; the
+      benchmarks' transfer limit counts it once, tests/benchmarks/links.py); the CPU of the exchange
+      (its messages, the slot-order sum, the copies' update) is not modelled, and on shaped links the
+      second direction has stood in for it (docs/benchmarks.md). On loopback it costs nothing here.
     With one worker, or no dense variable, there is no exchange."""
     n, p = scenario.workers, scenario.ps
     tables = [v for v in variables if v.row_sparse]

@@ -1,6 +1,7 @@
 """What the hybrid step costs without the ps on each step's path: a probe for the next lever (issue 35).
 
     python -m tests.benchmarks.lean_probe [--k 64] [--steps 640] [--ps-touches 0] [--data batch|drawn]
+        [--size 1m|10m] [--exchange pstrain|gather|none]
 
 The dense 1 M MLP (tests/benchmarks/jobs.py's layers, its fresh batches, legacy SGD's update) trained
 as pstrain's hybrid step trains it: 2 workers, each with its own copy of every variable (pstrain's
@@ -11,9 +12,11 @@ the apply loop. `--ps-touches N` puts N round trips to the ps back on each step 
 ps variable the next step waits for) to price one. `--data batch` makes each slot's batch in one draw,
 as the peers do; `--data drawn` reads it as pstrain reads the benchmark job's examples (its
 `train_dataset()` of drawn examples, by position: tests/benchmarks/drawn.py,
-worker/input/position_reads.py). Not a product path: no checkpoint, no fault handling; it checks
-that the two workers' copies ended equal. Prints one line:
-`probe K=.. touches=.. data=..: X ms/step (second half of the run), copies equal: True`.
+worker/input/position_reads.py). `--size 10m` takes the 10 M MLP. `--exchange gather` takes the gather and
+slot-order sum that 3+ workers use in place of the 2 workers' all-reduce, `none` each worker's own
+gradients (no exchange: the copies then differ), to price the exchange. Not a product path: no
+checkpoint, no fault handling; it checks that the two workers' copies ended equal. Prints one line:
+`probe 1m K=.. touches=.. data=.. exchange=..: X ms/step (second half of the run), copies equal: True`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 from tests.benchmarks.drawn import drawn  # noqa: E402
 from tests.benchmarks.jobs import CLASSES, HIDDEN, INPUTS, fresh_batch  # noqa: E402
 from worker.input.position_reads import read_positions  # noqa: E402
-from worker.replica.allreduce import WorkerCopy, exchanged_mean  # noqa: E402
+from worker.replica.allreduce import WorkerCopy, exchanged_mean, gathered_mean  # noqa: E402
 
 SERVER = (
     "import json, os, tensorflow as tf; c = json.loads(os.environ['TF_CONFIG']); "
@@ -58,7 +61,18 @@ def start_servers(cluster: dict) -> list[subprocess.Popen]:
     return procs
 
 
-def probe(k: int, steps: int, touches: int, data: str) -> tuple[float, bool]:
+def exchange(how: str, slot, values: list) -> list:
+    """The step's mean of `values` among the workers: pstrain's `exchanged_mean` (2 workers: a ring
+    all-reduce's sum), its gather form (`gathered_mean`, which 3+ workers take), or none (this
+    worker's own)."""
+    if how == "pstrain":
+        return exchanged_mean(slot, values, WORKERS, GROUP_KEY)
+    if how == "gather":
+        return gathered_mean(slot, values, WORKERS, GROUP_KEY)
+    return values
+
+
+def probe(k: int, steps: int, touches: int, data: str, size: str = "1m", how: str = "pstrain") -> tuple[float, bool]:
     """(ms per step over the second half of `steps`, whether the workers' copies ended equal)."""
     cluster = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in (("worker", WORKERS), ("ps", 1), ("chief", 1))}
     procs = start_servers(cluster)
@@ -66,7 +80,7 @@ def probe(k: int, steps: int, touches: int, data: str) -> tuple[float, bool]:
         os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
         strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        h = HIDDEN["1m"]
+        h = HIDDEN[size]
         shapes = [[INPUTS, h], [h], [h, h], [h], [h, CLASSES], [CLASSES]]
         creator = lambda next_creator, **kwargs: WorkerCopy(strategy, next_creator, **kwargs)  # noqa: E731
         with tf.device("/job:worker/replica:0/task:0"), tf.variable_creator_scope(creator):
@@ -93,7 +107,7 @@ def probe(k: int, steps: int, touches: int, data: str) -> tuple[float, bool]:
                 with tf.GradientTape() as tape:
                     tape.watch(values)
                     loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits(values, x)))
-                means = exchanged_mean(slot, [*tape.gradient(loss, values), loss[None]], WORKERS, GROUP_KEY)
+                means = exchange(how, slot, [*tape.gradient(loss, values), loss[None]])
                 done = [c.assign_sub(LEARNING_RATE * g) for c, g in zip(copies, means[:-1], strict=True)]
                 for _ in range(touches):
                     with tf.control_dependencies(done):
@@ -130,9 +144,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=640)
     parser.add_argument("--ps-touches", type=int, default=0, help="round trips to the ps put back on each step")
     parser.add_argument("--data", choices=("batch", "drawn"), default="batch", help="one draw per batch, or pstrain's read")
+    parser.add_argument("--size", choices=("1m", "10m"), default="1m", help="the MLP's size")
+    parser.add_argument("--exchange", choices=("pstrain", "gather", "none"), default="pstrain", help="how the workers average")
     args = parser.parse_args()
-    ms, equal = probe(args.k, args.steps, args.ps_touches, args.data)
-    what = f"probe K={args.k} touches={args.ps_touches} data={args.data}"
+    ms, equal = probe(args.k, args.steps, args.ps_touches, args.data, args.size, args.exchange)
+    what = f"probe {args.size} K={args.k} touches={args.ps_touches} data={args.data} exchange={args.exchange}"
     print(f"{what}: {ms:.1f} ms/step (second half of the run), copies equal: {equal}")
 
 

@@ -15,6 +15,7 @@ cluster, `place(argv, env)` to start a task on its host, `run_pstrain(...)` to l
 node per host (docs/two-machines.md).
 
     python -m tests.benchmarks.links probe RATE [--mib N]   # a transfer between two shaped hosts
+    python -m tests.benchmarks.links gather RATE [--mib N]  # a 2-worker gather and all-reduce of N MiB there
 """
 
 from __future__ import annotations
@@ -64,10 +65,13 @@ def tbf(rate: float) -> list[str]:
 
 def allreduce_limit(table_bytes: float, dense_bytes: float, workers: int, rate: float) -> dict:
     """The seconds a hybrid step's bytes (train.dense = "allreduce") need through the busiest port: a
-    worker's, its table pulls and pushes (`table_bytes`, both ways) and the ring gather of the dense
-    gradients, N-1 of `dense_bytes` each way, both ways counted as `pstrain plan` counts them; or the
-    ps's, every worker's table bytes (the once-per-block write-back left out). Pure."""
-    worker = table_bytes + 2 * (workers - 1) * dense_bytes
+    worker's, its table pulls and pushes (`table_bytes`, both ways: the step's pull and push do not
+    overlap) and the ring gather of the dense gradients, N-1 of `dense_bytes` each way at once (a ring
+    sends while it receives: `python -m tests.benchmarks.links gather 1gbit --mib 40` moves 40 MiB each
+    way in about 1.3x one way's time, not 2x), so counted once; or the ps's, every worker's table bytes
+    (the once-per-block write-back left out). `pstrain plan` counts the gather both ways (its roofline
+    leaves out the exchange's CPU; cluster/forecast/model.py). Pure."""
+    worker = table_bytes + (workers - 1) * dense_bytes
     busiest = max(worker, table_bytes * workers)
     return {"busiest_port_bytes": busiest, "rate_bytes_per_s": rate, "limit_s": busiest / rate}
 
@@ -401,6 +405,59 @@ def probe(rate: float, nbytes: int) -> dict:
         return {**measure_rate(a, b, nbytes), "rate_bytes_per_s": rate, "tbf": tbf(rate)}
 
 
+# --- the gather probe: the hybrid's exchange alone, between two shaped hosts ----------------------
+
+
+def collective(nbytes: int, repeats: int) -> None:
+    """A TF task of a 2-worker cluster (TF_CONFIG): time a CollectiveGatherV2 (the hybrid's exchange,
+    worker/replica/allreduce.py) and a CollectiveReduceV2 (MultiWorkerMirrored's all-reduce) of
+    `nbytes` of float32, `repeats` each after one untimed; print {"gather_s", "reduce_s"}, the mean
+    seconds of one. MultiWorkerMirroredStrategy sets up the workers' collective executor."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    tf.distribute.MultiWorkerMirroredStrategy()
+    x = tf.random.normal([nbytes // 4])
+    raw, group, add = tf.raw_ops, {"group_size": 2, "ordering_token": []}, {"merge_op": "Add", "final_op": "Id"}
+    ops = {
+        "gather_s": lambda x: raw.CollectiveGatherV2(input=x[tf.newaxis], group_key=100, instance_key=1, **group),
+        "reduce_s": lambda x: raw.CollectiveReduceV2(input=x, group_key=101, instance_key=2, **group, **add),
+    }
+    seconds = {}
+    for name, fn in ops.items():
+        op = tf.function(fn)
+        op(x).numpy()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            y = op(x)
+        y.numpy()
+        seconds[name] = (time.perf_counter() - start) / repeats
+    print(json.dumps(seconds), flush=True)
+
+
+def gather_probe(rate: float, nbytes: int, repeats: int = 5) -> dict:
+    """Two fresh shaped hosts, a TF task on each (`collective`): the seconds of a gather and of an
+    all-reduce of `nbytes` per worker, worker 0's, beside one way's time at the rate (each moves
+    `nbytes` each way between 2 workers: a gather's whole rows, a ring all-reduce's two halves). Both
+    processes are reaped on every path."""
+    with shaped_hosts(2, rate) as hosts:
+        cluster = {"worker": [f"{h.address}:{PORTS['worker']}" for h in hosts]}
+        argv = [sys.executable, "-m", "tests.benchmarks.links", "collective", str(nbytes), str(repeats)]
+        processes = []
+        try:
+            for i, host in enumerate(hosts):
+                env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
+                processes.append(subprocess.Popen(host.command(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True))
+            out, _ = processes[0].communicate(timeout=600)
+            result = json.loads(out.strip().splitlines()[-1])
+        finally:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+    return {"bytes_each_way": nbytes, "one_way_s": nbytes / rate, "rate_bytes_per_s": rate, **result}
+
+
 def main(args: list[str]) -> int:
     if args[:1] == ["receive"]:
         receive(int(args[1]))
@@ -408,15 +465,19 @@ def main(args: list[str]) -> int:
     if args[:1] == ["send"]:
         send(args[1], int(args[2]))
         return 0
+    if args[:1] == ["collective"]:
+        collective(int(args[1]), int(args[2]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["probe"])
+    parser.add_argument("command", choices=["probe", "gather"])
     parser.add_argument("link", choices=[k for k in LINKS if LINKS[k]])
     parser.add_argument("--mib", type=int, default=256)
     options = parser.parse_args(args)
     if why := refusal():
         print(why, file=sys.stderr)
         return 2
-    print(json.dumps(probe(LINKS[options.link], options.mib << 20)))
+    measure = probe if options.command == "probe" else gather_probe
+    print(json.dumps(measure(LINKS[options.link], options.mib << 20)))
     return 0
 
 

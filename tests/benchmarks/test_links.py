@@ -36,9 +36,11 @@ def test_transfer_limit_counts_the_ps_ports_bytes_both_ways():
 
 
 def test_the_hybrids_transfer_limit_counts_a_workers_ring_gather_and_the_ps_tables():
-    # 2 workers exchange 4 MB of dense gradients (one each way, counted both ways) and 1 MB of table rows.
+    # 2 workers exchange 4 MB of dense gradients (one each way at once: counted once) and 1 MB of table rows.
     got = links.allreduce_limit(1e6, 4e6, workers=2, rate=125e6)
-    assert got == {"busiest_port_bytes": 9e6, "rate_bytes_per_s": 125e6, "limit_s": pytest.approx(0.072)}
+    assert got == {"busiest_port_bytes": 5e6, "rate_bytes_per_s": 125e6, "limit_s": pytest.approx(0.04)}
+    # 4 workers: a ring gather takes 3 gradients in and sends 3 out.
+    assert links.allreduce_limit(1e6, 4e6, workers=4, rate=125e6)["busiest_port_bytes"] == 13e6
     # Tables alone (no dense gradient): the ps's port carries every worker's rows.
     assert links.allreduce_limit(1e6, 0.0, workers=4, rate=125e6)["busiest_port_bytes"] == 4e6
 

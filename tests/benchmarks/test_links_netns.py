@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.benchmarks import links
 from tests.helpers import ROOT, Result, assert_no_orphans, descendant_pids
@@ -54,6 +55,20 @@ def test_a_shaped_port_carries_its_rate_and_no_more():
         # TCP/IP headers take ~4 % of the 1500-byte frames tbf counts; 2 busy cores may take more.
         assert 0.75 * RATE <= run["bytes_per_s"] <= 1.02 * RATE, run
     assert free["bytes_per_s"] > 1.5 * RATE, f"unshaped, the same veth moves more: {free}"
+    assert not hosts_of(os.getpid()) and not descendant_pids([os.getpid()])
+
+
+def test_a_ring_gather_moves_both_ways_at_once():
+    """The hybrid's exchange between two shaped hosts: each worker sends its 16 MiB while it receives the
+    other's, so the gather takes about one way's time at the rate, not two (links.allreduce_limit counts
+    it once); MultiWorkerMirrored's all-reduce of the same bytes runs alike. Both TF tasks reaped."""
+    argv = [sys.executable, "-m", "tests.benchmarks.links", "gather", "1gbit", "--mib", "16"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["bytes_each_way"] == 16 << 20 and got["one_way_s"] == pytest.approx((16 << 20) / RATE)
+    for key in ("gather_s", "reduce_s"):  # no faster than the link; well short of both ways in turn
+        assert 0.95 * got["one_way_s"] <= got[key] <= 1.75 * got["one_way_s"], got
     assert not hosts_of(os.getpid()) and not descendant_pids([os.getpid()])
 
 

@@ -7,7 +7,8 @@
 - `exchanged_mean`: each slot's dense gradients gathered among the workers (CollectiveGatherV2, with the
   slot), put in slot order and averaged with the ops the ps's mean uses (add_n of the slots, then / N):
   bit for bit the standalone mean whatever the worker order. A ring all-reduce adds in the ring's order,
-  which for 3+ workers is not the slot order (../shared/notes/hybrid.md, Q3).
+  which for 3+ workers is not the slot order (../shared/notes/hybrid.md, Q3); for 2 it is one addition,
+  which commutes, so 2 workers sum with CollectiveReduceV2 (half the bytes received, no gathered copy).
 - `reading`: the model's dense variables read as given tensors (the step's reads of the worker's copies)
   while a step is traced, so the gradients are taken for those tensors.
 - `hybrid_step` and `apply_after_gate`: what worker/replica/loop.py runs per step in this mode: the
@@ -32,9 +33,10 @@ from worker.replica.replica import replica_step
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
 # fails after this many seconds instead of waiting for ever (timeout 0).
 COLLECTIVE_TIMEOUT_S = 60.0
-# The exchange's own instance key; the group key is the caller's (a fresh one per chief incarnation: a
-# group that outlives a restarted task refuses it, "current incarnation doesn't match").
-_INSTANCE_KEY = 2
+# The exchange's own instance keys (the gather's, the 2-worker sum's); the group key is the caller's (a
+# fresh one per chief incarnation: a group that outlives a restarted task refuses it, "current
+# incarnation doesn't match").
+_INSTANCE_KEY, _SUM_INSTANCE_KEY = 2, 3
 _ROW_ALIGN_BYTES = 64  # Eigen's widest alignment (AVX-512): a slice starting on it aliases its tensor
 
 
@@ -60,8 +62,16 @@ class WorkerCopy(ps_values.PerWorkerVariable):
 def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: int) -> list[tf.Tensor]:
     """The mean over all `num_slots` slots (one per worker) of each dense gradient in `grads`, this
     slot's own included, summed in slot order as the aggregator sums them; every worker gets the same
-    values. One gather per step for all variables: one row per worker, the variables flattened, then the
-    slot's bits (an integer as wide as the dtype, bitcast: a gather moves bits, so none is changed)."""
+    values. One collective per step for all variables. Two slots: a ring all-reduce's sum, each value
+    one addition of the two slots' (a + b is b + a in IEEE arithmetic, so it is add_n's in slot order),
+    then / 2. More: a gather, one row per worker, the variables flattened, then the slot's bits (an
+    integer as wide as the dtype, bitcast: a gather moves bits, so none is changed), summed in slot order."""
+    return summed_mean(grads, group_key) if num_slots == 2 else gathered_mean(slot, grads, num_slots, group_key)
+
+
+def gathered_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: int) -> list[tf.Tensor]:
+    """`exchanged_mean` by a gather of one row per worker, put in slot order and summed (any number of
+    slots)."""
     dtype = grads[0].dtype
     bits = {2: tf.int16, 4: tf.int32, 8: tf.int64}[dtype.size]
     own = tf.bitcast(tf.cast(slot, bits), dtype)[tf.newaxis]
@@ -83,6 +93,25 @@ def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: 
     # no copy of a slot's row (a row of the gathered tensor is a view of it where TF can align it).
     mean = tf.add_n([rows[order[k]] for k in range(num_slots)]) / tf.cast(num_slots, dtype)
     parts = tf.split(mean, [*sizes, tail])[:-1]  # not the padding and the slots' column
+    return [tf.reshape(part, g.shape) for part, g in zip(parts, grads, strict=True)]
+
+
+def summed_mean(grads: Sequence[tf.Tensor], group_key: int) -> list[tf.Tensor]:
+    """`exchanged_mean` of 2 slots: the variables flattened into one vector, summed between the
+    two workers by CollectiveReduceV2 (merge Add: each value added once, in either order), divided by 2
+    as the aggregator divides."""
+    dtype, sizes = grads[0].dtype, [g.shape.num_elements() for g in grads]
+    summed = tf.raw_ops.CollectiveReduceV2(
+        input=tf.concat([tf.reshape(g, [-1]) for g in grads], 0),
+        group_size=2,
+        group_key=group_key,
+        instance_key=_SUM_INSTANCE_KEY,
+        ordering_token=[],
+        merge_op="Add",
+        final_op="Id",
+        timeout_seconds=COLLECTIVE_TIMEOUT_S,
+    )
+    parts = tf.split(summed / tf.cast(2, dtype), sizes)
     return [tf.reshape(part, g.shape) for part, g in zip(parts, grads, strict=True)]
 
 

@@ -1,11 +1,14 @@
-"""Run by tests/worker/replica/test_allreduce.py in a process of its own: 3 workers (in-process TF servers)
-exchange gradients whose sum depends on the order of addition, with slots assigned against the
-workers' ranks (slot = (rank + 1) % 3); prints, as JSON, what each closure got and the references."""
+"""Run by tests/worker/replica/test_allreduce.py in a process of its own: `python -m
+tests.worker.replica.exchange_probe [WORKERS]` (3 by default: the gather; 2: the all-reduce's sum).
+The workers (in-process TF servers) exchange gradients whose sum depends on the order of addition
+(for 3), with slots assigned against the workers' ranks (slot = (rank + 1) % WORKERS); prints, as
+JSON, what each closure got and the references."""
 
 from __future__ import annotations
 
 import json
 import socket
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -14,7 +17,6 @@ from chief.step.rounding import same_rounding_everywhere
 from worker.replica.allreduce import exchanged_mean
 from worker.replica.gradients import mean_of_slots
 
-WORKERS = 3
 SPLIT = 4091  # the first variable's size; the second has the other 5 of a slot's 4,096 values
 
 
@@ -24,9 +26,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
+def main(workers: int) -> None:
     same_rounding_everywhere()  # as every engine (chief/step/rounding.py)
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(WORKERS)], "ps": [f"127.0.0.1:{free_port()}"]}
+    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)], "ps": [f"127.0.0.1:{free_port()}"]}
     spec = tf.train.ClusterSpec(cluster)
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=16)
     servers = [
@@ -37,24 +39,24 @@ def main() -> None:
     rng = np.random.default_rng(0)
     # Two large gradients that cancel and a small one: in float32 the sum rounds differently in another order.
     scales = [(1e8, 100.0), (-1e8, 100.0), (0.0, 10.0)]
-    grads = [(big + spread * rng.normal(size=[4096])).astype(np.float32) for big, spread in scales]
+    grads = [(big + spread * rng.normal(size=[4096])).astype(np.float32) for big, spread in scales[:workers]]
     table = tf.constant(np.stack(grads))
 
     @tf.function(autograph=False)
     def closure():
         rank = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
-        slot = (rank + 1) % WORKERS
+        slot = (rank + 1) % workers
         row = tf.gather(table, slot)  # as two variables of unaligned sizes (split back from one sum)
-        means = exchanged_mean(slot, [row[:SPLIT], tf.reshape(row[SPLIT:], [-1, 1])], WORKERS, group_key=1)
+        means = exchanged_mean(slot, [row[:SPLIT], tf.reshape(row[SPLIT:], [-1, 1])], workers, group_key=1)
         return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), tf.concat([means[0], means[1][:, 0]], 0)
 
-    results = [coordinator.schedule(closure) for _ in range(WORKERS)]
+    results = [coordinator.schedule(closure) for _ in range(workers)]
     coordinator.join()
     got = [r.fetch() for r in results]
     # The standalone engine's mean (traced, as its step is: a graph may round an add_n unlike an eager one).
-    standalone = tf.function(lambda *slots: mean_of_slots([[g] for g in slots], WORKERS)[0], autograph=False)
+    standalone = tf.function(lambda *slots: mean_of_slots([[g] for g in slots], workers)[0], autograph=False)
     in_slot_order = standalone(*grads).numpy()
-    in_rank_order = standalone(*(grads[(r + 1) % WORKERS] for r in range(WORKERS))).numpy()
+    in_rank_order = standalone(*(grads[(r + 1) % workers] for r in range(workers))).numpy()
     print(
         json.dumps(
             {
@@ -68,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
