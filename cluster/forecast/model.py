@@ -237,12 +237,13 @@ def predict_allreduce(
     - Worker compute gains the dense update: every worker sums the N gathered gradients and applies
       them, charged as the ps's per-byte cost (`ps_gradient_s`) of the dense share of the bytes, N
       gradients' worth, moved to each worker (not measured in this mode: an assumption).
-    - **worker network**: the exchange is one CollectiveGatherV2, which TF runs between CPU workers
+    - **worker network**: the exchange is one CollectiveGatherV2 (2 workers: a CollectiveReduceV2 of the
+      same bytes each way, charged alike), which TF runs between CPU workers
       as `RingGather` (collective_param_resolver_local.cc; ring_alg.cc): each worker receives N-1
       dense gradients from its predecessor in the ring and sends N-1 to its successor, in N-1 ring
       steps of one round trip each (the slot rides in the gathered row). Bytes both ways are
       summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The two
-      directions in fact overlap (a 40 MiB gather at 1 Gbit: 1.3x one way's time, not 2x; the
+      directions in fact overlap (a 40 MiB gather at 1 Gbit: 1.2-1.45x one way's time, not 2x; the
       benchmarks' transfer limit counts it once, tests/benchmarks/links.py); the CPU of the exchange
       (its messages, the slot-order sum, the copies' update) is not modelled, and on shaped links the
       second direction has stood in for it (docs/benchmarks.md). On loopback it costs nothing here.

@@ -66,9 +66,10 @@ def tbf(rate: float) -> list[str]:
 def allreduce_limit(table_bytes: float, dense_bytes: float, workers: int, rate: float) -> dict:
     """The seconds a hybrid step's bytes (train.dense = "allreduce") need through the busiest port: a
     worker's, its table pulls and pushes (`table_bytes`, both ways: the step's pull and push do not
-    overlap) and the ring gather of the dense gradients, N-1 of `dense_bytes` each way at once (a ring
-    sends while it receives: `python -m tests.benchmarks.links gather 1gbit --mib 40` moves 40 MiB each
-    way in about 1.3x one way's time, not 2x), so counted once; or the ps's, every worker's table bytes
+    overlap) and the ring exchange of the dense gradients (2 workers: an all-reduce; more: a gather),
+    N-1 of `dense_bytes` each way at once (a ring sends while it receives: `python -m
+    tests.benchmarks.links gather 1gbit --mib 40` moves 40 MiB each way in 1.2-1.45x one way's time,
+    not 2x), so counted once; or the ps's, every worker's table bytes
     (the once-per-block write-back left out). `pstrain plan` counts the gather both ways (its roofline
     leaves out the exchange's CPU; cluster/forecast/model.py). Pure."""
     worker = table_bytes + (workers - 1) * dense_bytes
@@ -409,8 +410,9 @@ def probe(rate: float, nbytes: int) -> dict:
 
 
 def collective(nbytes: int, repeats: int) -> None:
-    """A TF task of a 2-worker cluster (TF_CONFIG): time a CollectiveGatherV2 (the hybrid's exchange,
-    worker/replica/allreduce.py) and a CollectiveReduceV2 (MultiWorkerMirrored's all-reduce) of
+    """A TF task of a 2-worker cluster (TF_CONFIG): time a CollectiveGatherV2 (the hybrid's exchange
+    among 3 or more workers, worker/replica/allreduce.py) and a CollectiveReduceV2 (the hybrid's between
+    2, and MultiWorkerMirrored's all-reduce) of
     `nbytes` of float32, `repeats` each after one untimed; print {"gather_s", "reduce_s"}, the mean
     seconds of one. MultiWorkerMirroredStrategy sets up the workers' collective executor."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -418,7 +420,9 @@ def collective(nbytes: int, repeats: int) -> None:
 
     tf.distribute.MultiWorkerMirroredStrategy()
     x = tf.random.normal([nbytes // 4])
-    raw, group, add = tf.raw_ops, {"group_size": 2, "ordering_token": []}, {"merge_op": "Add", "final_op": "Id"}
+    # A lost peer fails the op at once; a hung one after 120 s (gather_probe waits 240 s for the result).
+    group = {"group_size": 2, "ordering_token": [], "timeout_seconds": 120.0}
+    raw, add = tf.raw_ops, {"merge_op": "Add", "final_op": "Id"}
     ops = {
         "gather_s": lambda x: raw.CollectiveGatherV2(input=x[tf.newaxis], group_key=100, instance_key=1, **group),
         "reduce_s": lambda x: raw.CollectiveReduceV2(input=x, group_key=101, instance_key=2, **group, **add),
@@ -448,7 +452,7 @@ def gather_probe(rate: float, nbytes: int, repeats: int = 5) -> dict:
             for i, host in enumerate(hosts):
                 env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
                 processes.append(subprocess.Popen(host.command(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True))
-            out, _ = processes[0].communicate(timeout=600)
+            out, _ = processes[0].communicate(timeout=240)
             result = json.loads(out.strip().splitlines()[-1])
         finally:
             for p in processes:

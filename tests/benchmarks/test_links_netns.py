@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from tests.benchmarks import links
 from tests.helpers import ROOT, Result, assert_no_orphans, descendant_pids
@@ -58,15 +57,13 @@ def test_a_shaped_port_carries_its_rate_and_no_more():
     assert not hosts_of(os.getpid()) and not descendant_pids([os.getpid()])
 
 
-def test_a_ring_gather_moves_both_ways_at_once():
-    """The hybrid's exchange between two shaped hosts: each worker sends its 16 MiB while it receives the
-    other's, so the gather takes about one way's time at the rate, not two (links.allreduce_limit counts
-    it once); MultiWorkerMirrored's all-reduce of the same bytes runs alike. Both TF tasks reaped."""
-    argv = [sys.executable, "-m", "tests.benchmarks.links", "gather", "1gbit", "--mib", "16"]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["bytes_each_way"] == 16 << 20 and got["one_way_s"] == pytest.approx((16 << 20) / RATE)
+def test_a_ring_exchange_moves_both_ways_at_once():
+    """The hybrid's exchange between two shaped hosts (links.gather_probe, from this process): each
+    worker sends its 16 MiB while it receives the other's, so a gather and an all-reduce take about one
+    way's time at the rate, not two (links.allreduce_limit counts the exchange once). Both TF tasks are
+    reaped and both hosts removed."""
+    got = links.gather_probe(RATE, 16 << 20)
+    assert got["bytes_each_way"] == 16 << 20 and got["one_way_s"] == (16 << 20) / RATE
     for key in ("gather_s", "reduce_s"):  # no faster than the link; well short of both ways in turn
         assert 0.95 * got["one_way_s"] <= got[key] <= 1.75 * got["one_way_s"], got
     assert not hosts_of(os.getpid()) and not descendant_pids([os.getpid()])

@@ -105,13 +105,14 @@ def test_a_run_resumes_across_dense_modes_to_the_standalone_model(tmp_path):
     ("job", "task", "sig", "flags"),
     [
         ("adam", "worker", signal.SIGKILL, []),
+        ("dense_adam", "worker", signal.SIGKILL, []),
         ("dense_adam", "worker", signal.SIGKILL, ["--steps-per-execution", "1"]),
         ("adam", "worker", signal.SIGSTOP, []),
         ("dense_adam", "worker", signal.SIGSTOP, ["--steps-per-execution", "1"]),
         ("adam", "ps", signal.SIGKILL, []),
         ("adam", "ps", signal.SIGKILL, ["--steps-per-execution", "1"]),
     ],
-    ids=["killed", "killed-K1-dense-only", "hung", "hung-K1-dense-only", "ps-killed", "ps-killed-K1"],
+    ids=["killed", "killed-dense-only", "killed-K1-dense-only", "hung", "hung-K1-dense-only", "ps-killed", "ps-killed-K1"],
 )
 def test_a_lost_task_restarts_every_worker_and_the_run_ends_with_the_standalone_model(tmp_path, job, task, sig, flags):
     """Each fault at the default K and at K = 1. A worker killed (or hung) mid-run aborts the survivors'

@@ -37,9 +37,10 @@ def main(workers: int) -> None:
     strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     rng = np.random.default_rng(0)
-    # Two large gradients that cancel and a small one: in float32 the sum rounds differently in another order.
-    scales = [(1e8, 100.0), (-1e8, 100.0), (0.0, 10.0)]
-    grads = [(big + spread * rng.normal(size=[4096])).astype(np.float32) for big, spread in scales[:workers]]
+    # 3: two large gradients that cancel and a small one: in float32 the sum rounds differently in another
+    # order. 2: gradients of one size, most of whose float32 sums round (so a sum in another precision shows).
+    scales = [(1e8, 100.0), (-1e8, 100.0), (0.0, 10.0)] if workers == 3 else [(0.0, 1.0)] * workers
+    grads = [(big + spread * rng.normal(size=[4096])).astype(np.float32) for big, spread in scales]
     table = tf.constant(np.stack(grads))
 
     @tf.function(autograph=False)
@@ -63,6 +64,8 @@ def main(workers: int) -> None:
                 "ranks_slots": [g[0].tolist() for g in got],
                 "equal_to_slot_order": [bool(np.array_equal(g[1], in_slot_order)) for g in got],
                 "rank_order_differs": bool(not np.array_equal(in_rank_order, in_slot_order)),
+                # values whose float32 sum is not the exact (float64) sum of the slots: rounded
+                "sums_rounded": int(np.sum(sum(grads) != sum(g.astype(np.float64) for g in grads))),
             }
         )
     )

@@ -32,7 +32,9 @@ def test_three_workers_get_the_slot_order_mean_whatever_their_ranks():
 
 def test_two_workers_sum_to_the_slot_order_mean():
     """Two workers take the all-reduce's sum (one addition per value, which commutes), then / 2: each
-    gets exactly the standalone engine's add_n in slot order / 2, slots against the ranks."""
+    gets exactly the standalone engine's add_n in slot order / 2, slots against the ranks, on values
+    most of whose sums round (a sum in another precision or rounding would differ)."""
     found = exchange(2)
     assert sorted(found["ranks_slots"]) == [[0.0, 1.0], [1.0, 0.0]]
+    assert found["sums_rounded"] > 1000, found
     assert found["equal_to_slot_order"] == [True, True]
