@@ -420,7 +420,7 @@ def collective(nbytes: int, repeats: int) -> None:
 
     tf.distribute.MultiWorkerMirroredStrategy()
     x = tf.random.normal([nbytes // 4])
-    # A lost peer fails the op at once; a hung one after 120 s (gather_probe waits 240 s for the result).
+    # A lost peer fails the op at once; a hung one after 120 s.
     group = {"group_size": 2, "ordering_token": [], "timeout_seconds": 120.0}
     raw, add = tf.raw_ops, {"merge_op": "Add", "final_op": "Id"}
     ops = {
@@ -443,22 +443,14 @@ def gather_probe(rate: float, nbytes: int, repeats: int = 5) -> dict:
     """Two fresh shaped hosts, a TF task on each (`collective`): the seconds of a gather and of an
     all-reduce of `nbytes` per worker, worker 0's, beside one way's time at the rate (each moves
     `nbytes` each way between 2 workers: a gather's whole rows, a ring all-reduce's two halves). Both
-    processes are reaped on every path."""
+    processes are reaped on every path (bench.run_group)."""
+    from tests.benchmarks.bench import run_group  # bench imports this module
+
     with shaped_hosts(2, rate) as hosts:
         cluster = {"worker": [f"{h.address}:{PORTS['worker']}" for h in hosts]}
         argv = [sys.executable, "-m", "tests.benchmarks.links", "collective", str(nbytes), str(repeats)]
-        processes = []
-        try:
-            for i, host in enumerate(hosts):
-                env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
-                processes.append(subprocess.Popen(host.command(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True))
-            out, _ = processes[0].communicate(timeout=240)
-            result = json.loads(out.strip().splitlines()[-1])
-        finally:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
+        tasks = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(2)]
+        (result,) = run_group([(argv, {**os.environ, "TF_CONFIG": task}) for task in tasks], network=Hosts(hosts, rate))
     return {"bytes_each_way": nbytes, "one_way_s": nbytes / rate, "rate_bytes_per_s": rate, **result}
 
 
