@@ -12,11 +12,13 @@ from cluster.errors import ConfigError
 from cluster.forecast import report
 from cluster.forecast.model import (
     Costs,
+    HybridCosts,
     Observation,
     Scenario,
     allreduce_refusal,
     balanced_placement,
     fit,
+    fit_allreduce,
     predict,
     predict_allreduce,
     propose_ps,
@@ -26,6 +28,7 @@ from cluster.forecast.model import (
 from cluster.forecast.variables import JobBytes, job_bytes
 
 DEFAULT_RUNS = "1x1,2x1,1x2,2x2,1x4"
+DEFAULT_ALLREDUCE_RUNS = "1x1,2x1"
 
 
 def add_plan_parser(sub) -> None:
@@ -40,6 +43,12 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--rtt", type=float, default=0.1, help="network round trip in milliseconds (two per step)")
     plan.add_argument("--cores", default="", help="predict all tasks sharing N cores, or `here`: as the measured runs did")
     plan.add_argument("--measure", default=DEFAULT_RUNS, help="the measured runs here, WORKERSxPS (two worker and two ps counts)")
+    plan.add_argument(
+        "--measure-allreduce",
+        default=DEFAULT_ALLREDUCE_RUNS,
+        help='runs with train.dense = "allreduce", WORKERSxPS (two worker counts), where the launch takes it for the job; '
+        '"": none, the hybrid worker\'s CPU then assumed',
+    )
     plan.add_argument("--measure-steps", type=int, default=400, help="steps per measured run (measured after the first third)")
     plan.add_argument("--log", default="", help="append the measured runs' console output to this file")
 
@@ -53,15 +62,19 @@ def checked(args: argparse.Namespace) -> dict:
     if args.rtt < 0:
         raise ConfigError(f"--rtt: expected zero or more milliseconds, got {args.rtt}")
     runs = report.parse_runs(args.measure)
-    uneven = sorted({w for w, _ in runs if args.global_batch_size % w})
+    hybrid_runs = report.parse_runs(args.measure_allreduce, "--measure-allreduce", ps_counts=1) if args.measure_allreduce else []
+    uneven = sorted({w for w, _ in [*runs, *hybrid_runs] if args.global_batch_size % w})
     if uneven:
         raise ConfigError(f"--global-batch-size: {args.global_batch_size} does not split over {uneven[0]} workers (--measure)")
+    if split := [ps for _, ps in hybrid_runs if ps > 1]:
+        raise ConfigError(f"--measure-allreduce: runs on 1 ps only (a dense variable split is refused), got {split[0]} ps")
     check_job_module(args.job)
     return {
         "workers": report.parse_counts("--workers", args.workers),
         "ps": report.parse_counts("--ps", args.ps),
         "bandwidth": report.parse_bandwidth(args.bandwidth),
         "runs": runs,
+        "allreduce_runs": hybrid_runs,
         "cores": report.parse_cores(args.cores),
     }
 
@@ -77,6 +90,8 @@ def run_plan(args: argparse.Namespace) -> int:
         variables = found.variables
         refuse_split(args.job, variables, [*plan["ps"], *(ps for _, ps in plan["runs"])])
         observations = measure_runs(args, plan["runs"])
+        if plan["allreduce_runs"] and not found.allreduce_refused:
+            observations += measure_runs(args, plan["allreduce_runs"], "allreduce")
     except KeyboardInterrupt:
         from cluster.errors import report as report_error
 
@@ -85,21 +100,27 @@ def run_plan(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     costs = fit(observations)
+    hybrid = fit_allreduce(costs, observations) if any(o.dense == "allreduce" for o in observations) else None
     print("pstrain plan: fitted costs (CPU seconds per step, as measured on this machine)")
-    print("\n".join(report.costs_lines(costs, batch)))
+    print("\n".join(report.costs_lines(costs, batch, hybrid)))
     print(f"pstrain plan: {report.bytes_line(variables)}")
     print("pstrain plan: the measured runs against the model with their tasks sharing this machine's cores")
     for o in observations:
         shared = Scenario(o.workers, o.ps, o.batch, None, cores=costs.cores)
-        p = predict(costs, variables, pstrain_placement(variables, o.ps), shared)
-        print(f"  {o.workers} workers, {o.ps} ps: measured {o.step_s * 1e3:.2f} ms, model {p.step_s * 1e3:.2f} ms")
+        placement = pstrain_placement(variables, o.ps)
+        if o.dense == "allreduce":
+            p = predict_allreduce(costs, variables, placement, shared, found.slots, TrainConfig().steps_per_execution, hybrid)
+        else:
+            p = predict(costs, variables, placement, shared)
+        mode = ' (train.dense = "allreduce")' if o.dense == "allreduce" else ""
+        print(f"  {o.workers} workers, {o.ps} ps{mode}: measured {o.step_s * 1e3:.2f} ms, model {p.step_s * 1e3:.2f} ms")
     cores = costs.cores if plan["cores"] == "here" else plan["cores"]
     where = f"every task sharing {cores:.2f} cores" if cores else "a machine per task"
     print(f"pstrain plan: predicted for global batch {batch}, {args.bandwidth} per machine, {args.rtt:g} ms round trip, {where}:")
     if found.allreduce_refused:
         print(f'pstrain plan: train.dense = "ps" only; the launch refuses "allreduce" for this job ({found.allreduce_refused})')
     scenarios = [Scenario(w, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores) for w in plan["workers"] for ps in plan["ps"]]
-    rows, modes, lines = both_modes(costs, found, scenarios, TrainConfig().steps_per_execution)
+    rows, modes, lines = both_modes(costs, found, scenarios, TrainConfig().steps_per_execution, hybrid)
     print("\n".join(report.table(rows, modes)))
     if lines:
         print('pstrain plan: train.dense (the default is "ps"; "allreduce" where predicted at least 5 % faster):')
@@ -117,9 +138,12 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def both_modes(costs: Costs, found: JobBytes, scenarios: list[Scenario], block: int) -> tuple[list, list[str], list[str]]:
+def both_modes(
+    costs: Costs, found: JobBytes, scenarios: list[Scenario], block: int, hybrid: HybridCosts | None = None
+) -> tuple[list, list[str], list[str]]:
     """Pure: the table's rows (workers, ps, prediction) and their train.dense, "ps" for every scenario and
-    "allreduce" after it where taken, with K = `block`; and a line per scenario saying which mode to set,
+    "allreduce" after it where taken, with K = `block` (the hybrid worker's costs `hybrid`, or assumed
+    where None); and a line per scenario saying which mode to set,
     or why "allreduce" is refused on that ps count. No "allreduce" rows or lines where the launch refuses
     it for the job (`found.allreduce_refused`: its own one line)."""
     rows, modes, lines = [], [], []
@@ -134,7 +158,7 @@ def both_modes(costs: Costs, found: JobBytes, scenarios: list[Scenario], block: 
             lines.append(report.dense_line(workers, ps, by_ps, None, why))
             continue
         placement = pstrain_placement(found.variables, ps)
-        allreduce = predict_allreduce(costs, found.variables, placement, scenario, found.slots, block)
+        allreduce = predict_allreduce(costs, found.variables, placement, scenario, found.slots, block, hybrid)
         rows.append((workers, ps, allreduce))
         modes.append("allreduce")
         lines.append(report.dense_line(workers, ps, by_ps, allreduce, ""))
@@ -153,14 +177,16 @@ def refuse_split(job: str, variables: list, ps_counts: list[int]) -> None:
         )
 
 
-def measure_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> list[Observation]:
+def measure_runs(args: argparse.Namespace, runs: list[tuple[int, int]], dense: str = "ps") -> list[Observation]:
     from cluster.forecast.measure import measure
 
     observations = []
+    mode = ' with train.dense = "allreduce"' if dense == "allreduce" else ""
     for workers, ps in runs:
-        print(f"pstrain plan: measuring {args.job} with {workers} workers and {ps} ps ({args.measure_steps} steps)", flush=True)
+        what = f"{args.job} with {workers} workers and {ps} ps{mode}"
+        print(f"pstrain plan: measuring {what} ({args.measure_steps} steps)", flush=True)
         log = Path(args.log) if args.log else None
-        o = measure(args.job, workers, ps, args.global_batch_size, args.measure_steps, args.measure_steps // 3, log)
+        o = measure(args.job, workers, ps, args.global_batch_size, args.measure_steps, args.measure_steps // 3, log, dense)
         cpu = ", ".join(f"{role} {seconds * 1e3:.2f}" for role, seconds in sorted(o.cpu_s.items()))
         print(f"  {o.step_s * 1e3:.2f} ms per step; CPU ms per step: {cpu}; {o.cores_busy:.2f} cores busy", flush=True)
         observations.append(o)

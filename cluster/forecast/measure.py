@@ -8,6 +8,7 @@ stops and reaps its tasks.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -68,22 +69,25 @@ def next_count(steps: Callable[[], int], deadline: float) -> int:
         now = again
 
 
-def launch_argv(job: str, workers: int, ps: int, batch: int, steps: int, run_dir: RunDir) -> list[str]:
+def launch_argv(job: str, workers: int, ps: int, batch: int, steps: int, run_dir: RunDir, dense: str = "ps") -> list[str]:
     argv = [sys.executable, "-m", "cluster.cli", "launch", "--job", job, "--workers", str(workers), "--ps", str(ps)]
     argv += ["--global-batch-size", str(batch), "--steps", str(steps), "--checkpoint-every", "0", "--run-dir", str(run_dir.path)]
-    return argv
+    return argv + ["--dense", dense]
 
 
-def measure(job: str, workers: int, ps: int, batch: int, steps: int, warmup: int, log: Path | None = None) -> Observation:
-    """Launch the job on this machine and measure its steps after `warmup` until the run ends.
+def measure(
+    job: str, workers: int, ps: int, batch: int, steps: int, warmup: int, log: Path | None = None, dense: str = "ps"
+) -> Observation:
+    """Launch the job on this machine with train.dense = `dense` and measure its steps after `warmup`
+    until the run ends.
 
     Raises ConfigError (one line) when the run fails or ends before a window could be measured."""
     with tempfile.TemporaryDirectory(prefix="pstrain-plan-") as tmp:
         run_dir = RunDir(Path(tmp) / "run")  # the measured run's layout, made where its directory is
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
-        launcher = subprocess.Popen(launch_argv(job, workers, ps, batch, steps, run_dir), stdout=out, stderr=out)
+        launcher = subprocess.Popen(launch_argv(job, workers, ps, batch, steps, run_dir, dense), stdout=out, stderr=out)
         try:
-            return _window(launcher, run_dir, workers, ps, batch, steps, warmup)
+            return dataclasses.replace(_window(launcher, run_dir, workers, ps, batch, steps, warmup), dense=dense)
         finally:
             stop(launcher)
             if log:

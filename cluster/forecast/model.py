@@ -12,7 +12,8 @@ A synchronous step has four resources that each must do their share of it:
 The predicted step is the largest of them (the one that binds), a roofline: the others overlap with it.
 Where every task shares `cores` cores (one machine, as in the measured run), all tasks' CPU over the
 cores is a fifth bound, `shared cores`. That is train.dense = "ps" (`predict`); train.dense =
-"allreduce", the hybrid step, is `predict_allreduce`.
+"allreduce", the hybrid step, is `predict_allreduce`: its worker's CPU fitted on hybrid runs
+(`fit_allreduce`), its exchange on the workers' links, in series with their compute.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ class Variable:
 @dataclass(frozen=True)
 class Observation:
     """One measured run: wall seconds per step and CPU seconds per step by role (each role summed
-    over its tasks: `chief`, `ps`, `worker`)."""
+    over its tasks: `chief`, `ps`, `worker`), with the run's train.dense."""
 
     workers: int
     ps: int
     batch: int
     step_s: float
     cpu_s: dict[str, float]
+    dense: str = "ps"
 
     @property
     def cores_busy(self) -> float:
@@ -72,6 +74,21 @@ class Costs:
     chief_sharded_s: float  # once there are two ps or more
     chief_per_ps_s: float  # per ps beyond the first
     cores: float  # the most cores a measured run's tasks kept busy together
+
+
+@dataclass(frozen=True)
+class HybridCosts:
+    """The costs of a step with train.dense = "allreduce", fitted on its own runs (`fit_allreduce`), in
+    seconds per step: one worker's CPU beyond its share of the batch, `base_s` (what it does once a step
+    whatever the worker count: its copies' update among it) and `ring_s` per further worker (one ring
+    step of the exchange: the gradient it receives, sends on and adds); and the ps's CPU, `ps_base_s`
+    (its fixed work: the step gate, the stop request's read, the write-back) and `ps_worker_s` per
+    worker (that worker's loss and table rows: pulled, pushed, applied)."""
+
+    base_s: float
+    ring_s: float
+    ps_base_s: float = 0.0
+    ps_worker_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,10 +138,12 @@ def nonnegative_fit(features: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 
 def fit(observations: Sequence[Observation]) -> Costs:
-    """The costs that best explain the runs (non-negative least squares per role). Needs runs with
+    """The costs that best explain the runs with train.dense = "ps" (non-negative least squares per
+    role; runs of the other mode are left to `fit_allreduce`). Needs such runs with
     two worker counts and two ps counts; raises ValueError otherwise. With only one and two ps, the
     chief's step to two ps and its cost per further ps cannot be told apart: the fit takes the step
     (the first of equal fits), so a third ps count (`1x4`) is what measures the slope."""
+    observations = [o for o in observations if o.dense == "ps"]
     if len({o.workers for o in observations}) < 2 or len({o.ps for o in observations}) < 2:
         raise ValueError("fit: give runs with at least two worker counts and two ps counts")
     n = np.array([o.workers for o in observations], dtype=float)
@@ -140,6 +159,26 @@ def fit(observations: Sequence[Observation]) -> Costs:
     # a scenario predicted is usually larger than the runs measured; their mean over-predicted 4 workers
     cores = float(max(o.cores_busy for o in observations))
     return Costs(*map(float, (*worker, *ps, *chief)), cores=cores)
+
+
+def fit_allreduce(costs: Costs, observations: Sequence[Observation]) -> HybridCosts:
+    """The hybrid step's costs (`HybridCosts`) that best explain the runs with train.dense = "allreduce"
+    (non-negative least squares: on each worker's CPU per step less its share of the batch,
+    `costs.worker_example_s`, and its requests to each ps beyond the first; on the ps's CPU per step
+    over the ps, by worker count). Needs such runs with two worker counts (1 and 2 workers: no
+    exchange, then one ring step); raises ValueError otherwise."""
+    runs = [o for o in observations if o.dense == "allreduce"]
+    if len({o.workers for o in runs}) < 2:
+        raise ValueError('fit_allreduce: give runs with train.dense = "allreduce" and at least two worker counts')
+    n = np.array([o.workers for o in runs], dtype=float)
+    p = np.array([o.ps for o in runs], dtype=float)
+    b = np.array([o.batch for o in runs], dtype=float)
+    cpu = np.array([o.cpu_s.get("worker", 0.0) for o in runs]) / n  # one worker's
+    own = cpu - costs.worker_example_s * b / n - costs.worker_per_ps_s * (p - 1)
+    base, ring = nonnegative_fit(np.stack([np.ones_like(n), n - 1], 1), own)
+    ps = np.array([o.cpu_s.get("ps", 0.0) for o in runs]) / p  # one ps's
+    ps_base, ps_worker = nonnegative_fit(np.stack([np.ones_like(n), n / p], 1), ps)
+    return HybridCosts(float(base), float(ring), float(ps_base), float(ps_worker))
 
 
 def shards(variable: Variable, num_ps: int) -> int:
@@ -222,32 +261,44 @@ def allreduce_refusal(variables: Sequence[Variable], num_ps: int) -> str:
 
 
 def predict_allreduce(
-    costs: Costs, variables: Sequence[Variable], placement: Sequence[Piece], scenario: Scenario, slots: int, block: int
+    costs: Costs,
+    variables: Sequence[Variable],
+    placement: Sequence[Piece],
+    scenario: Scenario,
+    slots: int,
+    block: int,
+    hybrid: HybridCosts | None = None,
 ) -> Prediction:
-    """The step of `scenario` with train.dense = "allreduce" (docs/design.md, the hybrid step), the costs
-    fitted on "ps" runs. Call it only where `allreduce_refusal` is "".
+    """The step of `scenario` with train.dense = "allreduce" (docs/design.md, the hybrid step): the
+    worker's and the ps's CPU from `hybrid`, fitted on measured hybrid runs (`fit_allreduce`), the
+    chief's and the worker's cost per example from `costs`, fitted on "ps" runs. Call it only where
+    `allreduce_refusal` is "".
 
     - The tables (`Variable.row_sparse`) are pulled, pushed and applied on the ps as with "ps"; each ps
       still takes one request per worker per step (the loss, the tables, the step gate; with no table,
-      the read of the stop request, off the step's path: worker/replica/loop.py `lean_loop`, charged
-      the same, not measured apart).
+      the read of the stop request, off the step's path: worker/replica/loop.py `lean_loop`).
     - The dense variables' bytes leave the ps but for the write-back: one worker writes its copies
       and their `slots` optimizer slots back once per `block` (K) steps, `bytes * (1 + slots) / block`
-      per step, charged at the ps's per-byte cost of one gradient (not measured: an assumption).
-    - Worker compute gains the dense update: every worker sums the N gathered gradients and applies
-      them, charged as the ps's per-byte cost (`ps_gradient_s`) of the dense share of the bytes, N
-      gradients' worth, moved to each worker (not measured in this mode: an assumption).
-    - **worker network**: the exchange is one CollectiveGatherV2 (2 workers: a CollectiveReduceV2 of the
-      same bytes each way, charged alike), which TF runs between CPU workers
-      as `RingGather` (collective_param_resolver_local.cc; ring_alg.cc): each worker receives N-1
-      dense gradients from its predecessor in the ring and sends N-1 to its successor, in N-1 ring
-      steps of one round trip each (the slot rides in the gathered row). Bytes both ways are
-      summed over the bandwidth, as for the ps, with the worker's own table pulls and pushes. The two
-      directions in fact overlap (a 40 MiB gather at 1 Gbit: 1.2-1.45x one way's time, not 2x; the
-      benchmarks' transfer limit counts it once, tests/benchmarks/links.py); the CPU of the exchange
-      (its messages, the slot-order sum, the copies' update) is not modelled, and on shaped links the
-      second direction has stood in for it (docs/benchmarks.md). On loopback it costs nothing here.
-    With one worker, or no dense variable, there is no exchange."""
+      per step.
+    - **ps CPU**: with `hybrid`, as its runs measured it on one ps, `hybrid.ps_base_s` on each ps and
+      `hybrid.ps_worker_s` per worker, split over the ps as the tables' rows are (evenly without a
+      table; the step gate and the write-back are in the fixed part). Without: the "ps" fit's fixed
+      and per-request costs, and the write-back and the tables at its per-byte cost (an assumption).
+    - **worker compute**: its share of the batch and its requests to the ps as with "ps", plus
+      `hybrid.base_s` (its copies' update) and `hybrid.ring_s` per further worker (the exchange's CPU:
+      each gradient received, sent on and added). Measured on 1 and 2 workers, where the 2 workers sum
+      with a CollectiveReduceV2; 3 or more gather (CollectiveGatherV2, RingGather: N - 1 ring steps of a
+      whole gradient each) and are charged `ring_s` per ring step, an extrapolation. Without `hybrid`
+      (no hybrid run measured): the ps's per-byte cost of the dense share, N gradients' worth (an
+      assumption that leaves out the exchange's CPU).
+    - **worker network**: its own tables' pulls and pushes, then the exchange: each worker sends N - 1
+      dense gradients' bytes and receives as many (2 workers: half of one, twice, each way), both ways
+      at once (a ring sends while it receives: a 40 MiB exchange between two 1 Gbit hosts takes
+      1.1-1.45x one way's time, tests/benchmarks/links.py `gather`), so they are counted once, plus a
+      round trip per ring step. With one worker, or no dense variable, there is no exchange.
+    - The worker's compute and its network are in series (the exchange takes the step's gradient; the
+      next step's forward pass takes the updated copies), so on a link they bind as one,
+      `worker compute + network`; on loopback (no bandwidth) the exchange's copies are in its CPU."""
     n, p = scenario.workers, scenario.ps
     tables = [v for v in variables if v.row_sparse]
     dense = [v for v in variables if not v.row_sparse]
@@ -255,20 +306,30 @@ def predict_allreduce(
     _, held = _on_each_ps(dense, placement, p)
     written = [x * (1 + slots) / block for x in held]  # the dense variables' push bytes are their full size
     total_push = sum(v.push_bytes for v in variables) or 1.0
-    ps_cpu = tuple(
-        costs.ps_base_s + n * costs.ps_request_s + costs.ps_gradient_s * (n * b + w) / total_push
-        for b, w in zip(push, written, strict=True)
-    )
+    if hybrid is None:
+        ps_cpu = tuple(
+            costs.ps_base_s + n * costs.ps_request_s + costs.ps_gradient_s * (n * b + w) / total_push
+            for b, w in zip(push, written, strict=True)
+        )
+    else:  # each worker's part split as the tables' rows are (a ps each, evenly, without a table)
+        shares = [b / sum(push) for b in push] if sum(push) else [1.0 / p] * p
+        ps_cpu = tuple(hybrid.ps_base_s + n * hybrid.ps_worker_s * share for share in shares)
     ps_bytes = tuple(n * (a + b) + w for a, b, w in zip(pull, push, written, strict=True))
     dense_bytes = sum(v.push_bytes for v in dense)
-    worker = _worker_s(costs, scenario) + n * costs.ps_gradient_s * dense_bytes / total_push
+    ring = n - 1 if dense else 0  # ring steps of the exchange (none without a dense variable)
+    if hybrid is None:
+        worker = _worker_s(costs, scenario) + n * costs.ps_gradient_s * dense_bytes / total_push
+    else:
+        share = costs.worker_example_s * scenario.batch / n + costs.worker_per_ps_s * (p - 1)
+        worker = hybrid.base_s + share + hybrid.ring_s * ring
     ps_network = worker_network = 0.0
     if scenario.bandwidth:
         ps_network = max(ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
         own = sum(v.pull_bytes + v.push_bytes for v in tables)
-        ring = n - 1 if dense else 0  # ring steps of the gather (none without a dense variable)
-        worker_network = (own + 2 * ring * dense_bytes) / scenario.bandwidth + ring * scenario.rtt_s
+        worker_network = (own + ring * dense_bytes) / scenario.bandwidth + ring * scenario.rtt_s
     loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": ps_network, "worker network": worker_network}
+    if scenario.bandwidth:
+        loads["worker compute + network"] = worker + worker_network
     return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
 
 

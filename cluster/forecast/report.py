@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from cluster.errors import ConfigError
-from cluster.forecast.model import Costs, Piece, Prediction, Variable, choose_dense
+from cluster.forecast.model import Costs, HybridCosts, Piece, Prediction, Variable, choose_dense
 
 UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 UNITS |= {"kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8, "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
@@ -50,22 +50,31 @@ def parse_cores(text: str) -> float | str | None:
     return cores
 
 
-def parse_runs(text: str) -> list[tuple[int, int]]:
+def parse_runs(text: str, flag: str = "--measure", ps_counts: int = 2) -> list[tuple[int, int]]:
     """'1x1,2x1,1x2,2x2' -> [(workers, ps), ...]: the measured runs; at least two worker counts and
-    two ps counts, so the fit can separate what grows with each."""
+    `ps_counts` ps counts, so the fit can separate what grows with each."""
     runs = []
+    example = "1x1,2x1,1x2,2x2" if ps_counts > 1 else "1x1,2x1"
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)x(\d+)\s*", part)
         if not match or min(int(match.group(1)), int(match.group(2))) < 1:
-            raise ConfigError(f"--measure: expected WORKERSxPS pairs like 1x1,2x1,1x2,2x2, got {text!r}")
+            raise ConfigError(f"{flag}: expected WORKERSxPS pairs like {example}, got {text!r}")
         runs.append((int(match.group(1)), int(match.group(2))))
-    if len({w for w, _ in runs}) < 2 or len({p for _, p in runs}) < 2:
-        raise ConfigError(f"--measure: give at least two worker counts and two ps counts (like 1x1,2x1,1x2,2x2), got {text!r}")
+    if len({w for w, _ in runs}) < 2 or len({p for _, p in runs}) < ps_counts:
+        what = "two worker counts and two ps counts" if ps_counts > 1 else "two worker counts"
+        raise ConfigError(f"{flag}: give at least {what} (like {example}), got {text!r}")
     return runs
 
 
-def costs_lines(costs: Costs, batch: int) -> list[str]:
+def costs_lines(costs: Costs, batch: int, hybrid: HybridCosts | None = None) -> list[str]:
     ms = 1e3
+    measured = []
+    if hybrid:
+        measured = [
+            f'  with train.dense = "allreduce": worker {hybrid.base_s * ms:.2f} ms per step + its share of the batch'
+            f" + {hybrid.ring_s * ms:.2f} ms per further worker (the exchange); ps {hybrid.ps_base_s * ms:.2f} ms per step"
+            f" + {hybrid.ps_worker_s * ms:.2f} ms per worker"
+        ]
     return [
         f"  worker: {costs.worker_base_s * ms:.2f} ms per step + {costs.worker_example_s * ms * batch:.2f} ms per global batch"
         f" ({costs.worker_example_s * 1e6:.1f} us per example) + {costs.worker_per_ps_s * ms:.2f} ms per ps",
@@ -73,6 +82,7 @@ def costs_lines(costs: Costs, batch: int) -> list[str]:
         f" + {costs.ps_gradient_s * ms:.2f} ms per gradient, split by bytes",
         f"  chief: {costs.chief_base_s * ms:.2f} ms per step + {costs.chief_per_worker_s * ms:.3f} ms per worker"
         f" + {costs.chief_sharded_s * ms:.2f} ms with 2 ps or more + {costs.chief_per_ps_s * ms:.2f} ms per ps beyond the first",
+        *measured,
         f"  cores kept busy by the measured runs, at the most: {costs.cores:.2f}",
     ]
 

@@ -70,8 +70,8 @@ def allreduce_limit(table_bytes: float, dense_bytes: float, workers: int, rate: 
     N-1 of `dense_bytes` each way at once (a ring sends while it receives: `python -m
     tests.benchmarks.links gather 1gbit --mib 40` moves 40 MiB each way in 1.2-1.45x one way's time,
     not 2x), so counted once; or the ps's, every worker's table bytes
-    (the once-per-block write-back left out). `pstrain plan` counts the gather both ways (its roofline
-    leaves out the exchange's CPU; cluster/forecast/model.py). Pure."""
+    (the once-per-block write-back left out). `pstrain plan` counts the same bytes, after the worker's
+    compute (cluster/forecast/model.py `predict_allreduce`). Pure."""
     worker = table_bytes + (workers - 1) * dense_bytes
     busiest = max(worker, table_bytes * workers)
     return {"busiest_port_bytes": busiest, "rate_bytes_per_s": rate, "limit_s": busiest / rate}
@@ -173,14 +173,15 @@ def records(args, jobs: dict[str, str], results: dict, batch: int, workers: int 
         return
     results["link"] = describe()
     for size, runs in results["runs"].items():
-        costs = fitted(jobs[size], batch, args.plan_fit) if args.plan_fit else None
+        hybrid_ran = bool(runs.get("pstrain-allreduce"))
+        costs, hybrid = fitted(jobs[size], batch, args.plan_fit, allreduce=hybrid_ran) if args.plan_fit else (None, None)
         for peer, dense in (("pstrain", "ps"), ("pstrain-allreduce", "allreduce")):
             if dense == "allreduce" and not runs.get(peer):
                 continue
             steps = sorted(r["step_s"] for r in runs.get(peer, []))
             step = steps[len(steps) // 2] if steps else None
             key = size if dense == "ps" else f"{size}-allreduce"
-            results.setdefault("links", {})[key] = record(jobs[size], batch, workers, 1, step, costs, dense)
+            results.setdefault("links", {})[key] = record(jobs[size], batch, workers, 1, step, costs, dense, hybrid=hybrid)
             print(f"{size} on {_selected} ({peer}): {summary(results['links'][key])}", flush=True)
 
 
@@ -203,13 +204,21 @@ def describe(probe_mib: int = 128) -> dict:
 
 
 def record(
-    job: str, batch: int, workers: int, ps: int, pstrain_step_s: float | None, costs=None, dense: str = "ps", block: int = 64
+    job: str,
+    batch: int,
+    workers: int,
+    ps: int,
+    pstrain_step_s: float | None,
+    costs=None,
+    dense: str = "ps",
+    block: int = 64,
+    hybrid=None,
 ) -> dict:
     """For a shaped invocation's workload `job` (a pstrain job spec) run with train.dense = `dense` (and
     K = `block`): the transfer limit (`transfer_limit`, or `allreduce_limit`) and `pstrain plan`'s step
     for the shaped run against pstrain's measured one. `costs`: plan's fitted costs
-    (cluster.forecast.model.fit); None: plan's network terms alone (every CPU cost zero), which bind
-    where the link is the bottleneck."""
+    (cluster.forecast.model.fit), and `hybrid` its hybrid worker's (`fit_allreduce`); None: plan's
+    network terms alone (every CPU cost zero), which bind where the link is the bottleneck."""
     from cluster.forecast.model import Costs, Scenario, predict, predict_allreduce, pstrain_placement
     from cluster.forecast.variables import job_bytes
 
@@ -221,14 +230,18 @@ def record(
     nothing = Costs(**{f.name: 0.0 for f in dataclasses.fields(Costs)})
     placement = pstrain_placement(variables, ps)
     if dense == "allreduce":
-        prediction = predict_allreduce(costs or nothing, variables, placement, scenario, found.slots, block)
+        prediction = predict_allreduce(costs or nothing, variables, placement, scenario, found.slots, block, hybrid)
         tables = sum(v.pull_bytes + v.push_bytes for v in variables if v.row_sparse)
         limit = allreduce_limit(tables, sum(v.push_bytes for v in variables if not v.row_sparse), workers, rate)
     else:
         prediction = predict(costs or nothing, variables, placement, scenario)
         limit = transfer_limit(pull, push, workers, ps, rate)
+    model = "fitted costs, the measured runs' cores" if costs else "network term only (no fitted costs)"
+    if costs and dense == "allreduce":
+        model += ", the hybrid worker's from its own runs" if hybrid else ", the hybrid worker's assumed"
     plan = {
-        "model": "fitted costs, the measured runs' cores" if costs else "network term only (no fitted costs)",
+        "model": model,
+        "costs": {**(dataclasses.asdict(costs) if costs else {}), **(dataclasses.asdict(hybrid) if hybrid else {})},
         "binding": prediction.binding,
         "loads_s": prediction.loads,
     }
@@ -240,14 +253,21 @@ def record(
     return {"link": _selected, "dense": dense, **per_worker, "transfer_limit": limit, "plan": plan}
 
 
-def fitted(job: str, batch: int, runs: str, steps: int = 400):
+def fitted(job: str, batch: int, runs: str, steps: int = 400, allreduce: bool = False) -> tuple:
     """`pstrain plan`'s costs for `job`, fitted on its measured loopback runs (`runs`: '1x1,2x1,1x2,2x2')
-    of `steps` each (`pstrain plan --measure-steps`'s default: a steady window after the first third)."""
+    of `steps` each (`pstrain plan --measure-steps`'s default: a steady window after the first third),
+    and with `allreduce` its hybrid worker's, on plan's runs with train.dense = "allreduce" (else None)."""
+    from cluster.forecast.command import DEFAULT_ALLREDUCE_RUNS
     from cluster.forecast.measure import measure
-    from cluster.forecast.model import fit
+    from cluster.forecast.model import fit, fit_allreduce
     from cluster.forecast.report import parse_runs
 
-    return fit([measure(job, w, p, batch, steps, steps // 3) for w, p in parse_runs(runs)])
+    observations = [measure(job, w, p, batch, steps, steps // 3) for w, p in parse_runs(runs)]
+    if allreduce:
+        hybrid_runs = parse_runs(DEFAULT_ALLREDUCE_RUNS, ps_counts=1)
+        observations += [measure(job, w, p, batch, steps, steps // 3, dense="allreduce") for w, p in hybrid_runs]
+    costs = fit(observations)
+    return costs, fit_allreduce(costs, observations) if allreduce else None
 
 
 def free_ports(n: int) -> list[str]:

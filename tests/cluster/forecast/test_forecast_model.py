@@ -6,6 +6,7 @@ import pytest
 
 from cluster.forecast.model import (
     Costs,
+    HybridCosts,
     Observation,
     Scenario,
     Variable,
@@ -13,6 +14,7 @@ from cluster.forecast.model import (
     balanced_placement,
     choose_dense,
     fit,
+    fit_allreduce,
     nonnegative_fit,
     predict,
     predict_allreduce,
@@ -152,8 +154,12 @@ def test_allreduce_of_dense_variables_only_leaves_the_ps_the_write_back():
     assert got.loads["ps CPU"] == pytest.approx((1 + 4 * 0.2 + 1.0 * written / dense) * MS)
     # each worker sums the 4 gathered gradients and applies them: the ps's per-gradient cost, 4 gradients' worth
     assert got.loads["worker compute"] == pytest.approx((2 + 0.2 * 128 / 4 + 0.5 + 4 * 1.0) * MS)
-    # the ring gather: 3 gradients sent and 3 received, in 3 ring steps (the slot rides in the row)
-    assert got.loads["worker network"] == pytest.approx(2 * 3 * dense / 1.25e9 + 3 * 0.1 * MS)
+    # the ring gather: 3 gradients sent and 3 received at once, in 3 ring steps (the slot rides in the row)
+    assert got.loads["worker network"] == pytest.approx(3 * dense / 1.25e9 + 3 * 0.1 * MS)
+    # in series with the worker's compute: the exchange takes the step's gradient, the next step the copies
+    serial = got.loads["worker compute"] + got.loads["worker network"]
+    assert got.loads["worker compute + network"] == pytest.approx(serial)
+    assert got.binding == "worker compute + network" and got.step_s == pytest.approx(serial)
     assert got.loads["ps network"] == pytest.approx(written / 1.25e9 + 2 * 0.1 * MS)
     assert got.loads["chief"] == by_ps.loads["chief"]
 
@@ -186,7 +192,7 @@ def test_allreduce_takes_the_tables_and_the_dense_bytes_apart():
     want = [1 + 8 * 0.2 + 1.0 * (8 * half + written) / total, 1 + 8 * 0.2 + 1.0 * 8 * half / total]
     assert got.ps_cpu_s == pytest.approx(tuple(x * MS for x in want))
     assert got.loads["worker compute"] == pytest.approx((2 + 0.2 * 16 + 0.5 * 2 + 8 * 1.0 * 16_384 / total) * MS)
-    assert got.loads["worker network"] == pytest.approx((2 * 400_000 + 2 * 7 * 16_384) / 1.25e9)
+    assert got.loads["worker network"] == pytest.approx((2 * 400_000 + 7 * 16_384) / 1.25e9)
 
 
 def test_allreduce_is_refused_where_a_dense_variable_would_be_split_and_chosen_only_where_faster():
@@ -200,12 +206,14 @@ def test_allreduce_is_refused_where_a_dense_variable_would_be_split_and_chosen_o
     assert by_ps.binding == "ps CPU" and hybrid.step_s < by_ps.step_s * 0.95
     assert choose_dense(by_ps, hybrid) == "allreduce" and choose_dense(by_ps, None) == "ps"
     # on a 1 Gbit link with 4 ps each ps carries a quarter of the dense bytes, 16 workers' worth (51 ms), while
-    # each worker's link carries 15 workers' gradients of all four, both ways (192 ms): the gather binds, "ps" is kept
+    # each worker's link carries 15 workers' gradients of all four each way (96 ms) after its compute: "ps" is kept
     layers = [Variable(f"layer{i}", 200_000, 100, 200_000, 200_000) for i in range(4)]
     slow = Scenario(16, 4, 128, 1.25e8)
     by_ps, hybrid = predict(c, layers, pstrain_placement(layers, 4), slow), allreduce(c, layers, slow)
     assert by_ps.loads["ps network"] == pytest.approx(16 * 2 * 200_000 / 1.25e8)
-    assert hybrid.binding == "worker network" and hybrid.step_s == pytest.approx(2 * 15 * 800_000 / 1.25e8)
+    exchange = 15 * 800_000 / 1.25e8
+    assert hybrid.binding == "worker compute + network"
+    assert hybrid.step_s == pytest.approx(hybrid.loads["worker compute"] + exchange)
     assert choose_dense(by_ps, hybrid) == "ps"
 
 
@@ -224,3 +232,44 @@ def test_the_plan_predicts_both_modes_per_scenario_or_says_why_not():
     refused = JobBytes([TABLE, wide], 'train.dense = "allreduce" takes tf_keras models only (the job uses Keras 3): ...', 0)
     rows, modes, lines = both_modes(costs(), refused, scenarios, 64)
     assert modes == ["ps", "ps"] and lines == []  # the launch's own line is printed once, for the job
+
+
+def test_the_hybrid_worker_is_charged_what_its_measured_runs_fitted():
+    c, v = costs(), [TABLE, KERNEL]
+    hybrid = HybridCosts(base_s=3 * MS, ring_s=4 * MS, ps_base_s=1.5 * MS, ps_worker_s=0.6 * MS)
+    s = Scenario(workers=8, ps=2, batch=128, bandwidth=1.25e8, rtt_s=0.1 * MS)
+    got = predict_allreduce(c, v, pstrain_placement(v, 2), s, 2, 64, hybrid)
+    # each ps its fixed part, and the 8 workers' part split as the table's rows are (in halves)
+    assert got.ps_cpu_s == pytest.approx(((1.5 + 8 * 0.6 / 2) * MS,) * 2)
+    dense_only = predict_allreduce(c, [KERNEL, BIAS], pstrain_placement([KERNEL, BIAS], 2), s, 2, 64, hybrid)
+    assert dense_only.ps_cpu_s == pytest.approx(((1.5 + 8 * 0.6 / 2) * MS,) * 2)  # no table: evenly
+    # its fixed work and copies' update, its share of the batch, the second ps's requests, 7 ring steps
+    worker = (3 + 0.2 * 128 / 8 + 0.5 * 1 + 4 * 7) * MS
+    assert got.loads["worker compute"] == pytest.approx(worker)
+    network = (2 * 400_000 + 7 * 16_384) / 1.25e8 + 7 * 0.1 * MS
+    assert got.loads["worker compute + network"] == pytest.approx(worker + network)
+    alone = predict_allreduce(c, v, pstrain_placement(v, 1), Scenario(1, 1, 128, None), 2, 64, hybrid)
+    assert alone.loads["worker compute"] == pytest.approx((3 + 0.2 * 128) * MS)  # no ring step, no second ps
+    assert "worker compute + network" not in alone.loads  # loopback: the exchange's copies are in its CPU
+
+
+def test_fit_allreduce_recovers_the_hybrid_costs_and_fit_leaves_the_hybrid_runs_out():
+    truth, hybrid = costs(chief_per_worker_s=0.0, chief_sharded_s=3 * MS), HybridCosts(5 * MS, 7 * MS, 2 * MS, 0.5 * MS)
+    runs = []
+    for workers, num_ps in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
+        s = Scenario(workers, num_ps, 64, None, cores=truth.cores)
+        p = predict(truth, [KERNEL], pstrain_placement([KERNEL], num_ps), s)
+        cpu = {"worker": workers * p.loads["worker compute"], "ps": sum(p.ps_cpu_s), "chief": p.loads["chief"]}
+        runs.append(Observation(workers, num_ps, 64, p.step_s, cpu))
+    for workers in (1, 2):
+        s = Scenario(workers, 1, 64, None, cores=truth.cores)
+        p = predict_allreduce(truth, [KERNEL], pstrain_placement([KERNEL], 1), s, 2, 64, hybrid)
+        cpu = {"worker": workers * p.loads["worker compute"], "ps": sum(p.ps_cpu_s), "chief": 100.0}  # spoils "ps"'s fit
+        runs.append(Observation(workers, 1, 64, p.step_s, cpu, dense="allreduce"))
+    got = fit(runs)
+    assert got.ps_base_s == pytest.approx(truth.ps_base_s, rel=1e-6) and got.chief_base_s == pytest.approx(truth.chief_base_s)
+    found = fit_allreduce(got, runs)
+    for name in ("base_s", "ring_s", "ps_base_s", "ps_worker_s"):
+        assert getattr(found, name) == pytest.approx(getattr(hybrid, name), rel=1e-6), name
+    with pytest.raises(ValueError, match='train.dense = "allreduce" and at least two worker counts'):
+        fit_allreduce(got, [r for r in runs if r.workers == 2])

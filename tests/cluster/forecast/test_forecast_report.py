@@ -8,6 +8,7 @@ from cluster.errors import ConfigError
 from cluster.forecast.model import Piece, Prediction, Variable
 from cluster.forecast.report import (
     bytes_line,
+    costs_lines,
     dense_line,
     parse_bandwidth,
     parse_cores,
@@ -48,6 +49,10 @@ def test_counts_cores_and_runs():
         parse_runs("1x1,2by1")
     with pytest.raises(ConfigError, match="^--measure: give at least two worker counts and two ps counts"):
         parse_runs("1x1,2x1")
+    # the hybrid's runs: two worker counts on one ps are enough
+    assert parse_runs("1x1,2x1", "--measure-allreduce", ps_counts=1) == [(1, 1), (2, 1)]
+    with pytest.raises(ConfigError, match=r"^--measure-allreduce: give at least two worker counts \(like 1x1,2x1\), got '2x1'$"):
+        parse_runs("2x1", "--measure-allreduce", ps_counts=1)
 
 
 def test_table_and_placement_lines():
@@ -93,4 +98,34 @@ def test_both_dense_modes_in_one_table_and_the_choice_with_what_binds():
     assert refused == (
         '  16 workers, 2 ps: train.dense = "ps" ("ps" 10.00 ms, bound by ps CPU); "allreduce" is refused there: '
         "the dense variable w would be split over 2 ps; it takes --ps 1"
+    )
+
+
+def test_the_hybrids_runs_are_checked_before_any_run():
+    import argparse
+
+    from cluster.forecast.command import checked
+
+    def args(**changes) -> argparse.Namespace:
+        base = dict(job="chief.jobs.digits", global_batch_size=64, measure_steps=200, rtt=0.1, measure="1x1,2x1,1x2,2x2")
+        base |= dict(measure_allreduce="1x1,2x1", workers="16", ps="1", bandwidth="1Gbit", cores="")
+        return argparse.Namespace(**(base | changes))
+
+    assert checked(args())["allreduce_runs"] == [(1, 1), (2, 1)]
+    assert checked(args(measure_allreduce=""))["allreduce_runs"] == []
+    with pytest.raises(ConfigError, match=r"^--measure-allreduce: runs on 1 ps only \(.*\), got 2 ps$"):
+        checked(args(measure_allreduce="1x1,2x2"))
+    with pytest.raises(ConfigError, match=r"^--global-batch-size: 64 does not split over 3 workers"):
+        checked(args(measure_allreduce="1x1,3x1"))
+
+
+def test_the_hybrids_fitted_costs_get_a_line_of_their_own():
+    from cluster.forecast.model import Costs, HybridCosts
+
+    costs = Costs(*([0.001] * 10), cores=1.5)
+    assert len(costs_lines(costs, 64)) == 4
+    line = costs_lines(costs, 64, HybridCosts(0.012, 0.004, 0.002, 0.0015))[3]
+    assert line == (
+        '  with train.dense = "allreduce": worker 12.00 ms per step + its share of the batch + 4.00 ms per further worker'
+        " (the exchange); ps 2.00 ms per step + 1.50 ms per worker"
     )
