@@ -44,7 +44,7 @@ def test_plan_predicts_the_measured_step_within_a_quarter():
     # Each unseen run is measured twice and the faster run kept: another process waking on the 2 shared
     # cores only ever adds time (one run of 4 x 2 read 37.8 ms against 26.4 predicted; its rerun agreed).
     # Not the 4-worker hybrid: it gathers in 3 ring steps where the fit saw one all-reduce, and with 6 tasks
-    # on 2 cores each ring step waits for its next worker to be scheduled; two runs read 20.8 and 28.2 ms
+    # on 2 cores each ring step waits for its next worker to be scheduled: the faster of two runs read 28.2 ms
     # against 15.9 predicted (docs/plan.md says so).
     for ps in (1, 2):
         runs = [measure(JOB, 4, ps, BATCH, STEPS, STEPS // 3).step_s * 1e3 for _ in range(2)]
