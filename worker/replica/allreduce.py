@@ -33,10 +33,11 @@ from worker.replica.replica import replica_step
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
 # fails after this many seconds instead of waiting for ever (timeout 0).
 COLLECTIVE_TIMEOUT_S = 60.0
-# The exchange's own instance keys (the gather's, the 2-worker sum's); the group key is the caller's (a
-# fresh one per chief incarnation: a group that outlives a restarted task refuses it, "current
-# incarnation doesn't match").
+# The exchange's own instance keys (the gather's; the 2-worker sum's packed gradients', then one more
+# per gradient summed alone); the group key is the caller's (a fresh one per chief incarnation: a group
+# that outlives a restarted task refuses it, "current incarnation doesn't match").
 _INSTANCE_KEY, _SUM_INSTANCE_KEY = 2, 3
+ALONE_BYTES = 1 << 20  # a 2-worker sum's gradient this large is a collective of its own (summed_mean)
 _ROW_ALIGN_BYTES = 64  # Eigen's widest alignment (AVX-512): a slice starting on it aliases its tensor
 
 
@@ -97,22 +98,37 @@ def gathered_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: i
 
 
 def summed_mean(grads: Sequence[tf.Tensor], group_key: int) -> list[tf.Tensor]:
-    """`exchanged_mean` of 2 slots: the variables flattened into one vector, summed between the
-    two workers by CollectiveReduceV2 (merge Add: each value added once, in either order), divided by 2
-    as the aggregator divides."""
-    dtype, sizes = grads[0].dtype, [g.shape.num_elements() for g in grads]
-    summed = tf.raw_ops.CollectiveReduceV2(
-        input=tf.concat([tf.reshape(g, [-1]) for g in grads], 0),
+    """`exchanged_mean` of 2 slots: each gradient summed between the two workers by CollectiveReduceV2
+    (merge Add: each value added once, in either order), divided by 2 as the aggregator divides. A
+    gradient of `ALONE_BYTES` or more is a collective of its own, started as soon as the backward pass
+    has made it (it is sent while the pass goes on, and needs no copy into or out of a packed vector);
+    the smaller ones are flattened into one more. Packing changes no value: each is one addition."""
+    dtype = grads[0].dtype
+    alone = [i for i, g in enumerate(grads) if g.shape.num_elements() * dtype.size >= ALONE_BYTES]
+    packed = [i for i in range(len(grads)) if i not in alone]
+    means: list[tf.Tensor | None] = [None] * len(grads)
+    for k, i in enumerate(alone):
+        means[i] = _summed(grads[i], group_key, _SUM_INSTANCE_KEY + 1 + k) / tf.cast(2, dtype)
+    if packed:
+        sizes = [grads[i].shape.num_elements() for i in packed]
+        flat = tf.concat([tf.reshape(grads[i], [-1]) for i in packed], 0)
+        parts = tf.split(_summed(flat, group_key, _SUM_INSTANCE_KEY) / tf.cast(2, dtype), sizes)
+        for i, part in zip(packed, parts, strict=True):
+            means[i] = tf.reshape(part, grads[i].shape)
+    return means
+
+
+def _summed(value: tf.Tensor, group_key: int, instance_key: int) -> tf.Tensor:
+    return tf.raw_ops.CollectiveReduceV2(
+        input=value,
         group_size=2,
         group_key=group_key,
-        instance_key=_SUM_INSTANCE_KEY,
+        instance_key=instance_key,
         ordering_token=[],
         merge_op="Add",
         final_op="Id",
         timeout_seconds=COLLECTIVE_TIMEOUT_S,
     )
-    parts = tf.split(summed / tf.cast(2, dtype), sizes)
-    return [tf.reshape(part, g.shape) for part, g in zip(parts, grads, strict=True)]
 
 
 def places(model, variables: Sequence[tf.Variable]) -> list[tuple[object, str, int]]:

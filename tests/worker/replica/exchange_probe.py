@@ -1,8 +1,9 @@
 """Run by tests/worker/replica/test_allreduce.py in a process of its own: `python -m
 tests.worker.replica.exchange_probe [WORKERS]` (3 by default: the gather; 2: the all-reduce's sum).
 The workers (in-process TF servers) exchange gradients whose sum depends on the order of addition
-(for 3), with slots assigned against the workers' ranks (slot = (rank + 1) % WORKERS); prints, as
-JSON, what each closure got and the references."""
+(for 3), with slots assigned against the workers' ranks (slot = (rank + 1) % WORKERS), as small
+variables (for 2 also a large one: a collective of its own); prints, as JSON, what each closure got
+and the references."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from chief.step.rounding import same_rounding_everywhere
 from worker.replica.allreduce import exchanged_mean
 from worker.replica.gradients import mean_of_slots
 
-SPLIT = 4091  # the first variable's size; the second has the other 5 of a slot's 4,096 values
+SPLIT = 4091  # the first variable's size; the second has the other 5 of a slot's first 4,096 values
+LARGE = 300_000  # 2 workers: a third variable of the rest, 1.2 MB: summed by a collective of its own
 
 
 def free_port() -> int:
@@ -40,16 +42,19 @@ def main(workers: int) -> None:
     # 3: two large gradients that cancel and a small one: in float32 the sum rounds differently in another
     # order. 2: gradients of one size, most of whose float32 sums round (so a sum in another precision shows).
     scales = [(1e8, 100.0), (-1e8, 100.0), (0.0, 10.0)] if workers == 3 else [(0.0, 1.0)] * workers
-    grads = [(big + spread * rng.normal(size=[4096])).astype(np.float32) for big, spread in scales]
+    width = 4096 + (LARGE if workers == 2 else 0)
+    grads = [(big + spread * rng.normal(size=[width])).astype(np.float32) for big, spread in scales]
     table = tf.constant(np.stack(grads))
 
     @tf.function(autograph=False)
     def closure():
         rank = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
         slot = (rank + 1) % workers
-        row = tf.gather(table, slot)  # as two variables of unaligned sizes (split back from one sum)
-        means = exchanged_mean(slot, [row[:SPLIT], tf.reshape(row[SPLIT:], [-1, 1])], workers, group_key=1)
-        return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), tf.concat([means[0], means[1][:, 0]], 0)
+        row = tf.gather(table, slot)  # as variables of unaligned sizes (split back from one sum), and a large one
+        variables = [row[:SPLIT], tf.reshape(row[SPLIT:4096], [-1, 1]), *([tf.reshape(row[4096:], [-1, 100])] * (workers == 2))]
+        means = exchanged_mean(slot, variables, workers, group_key=1)
+        flat = tf.concat([tf.reshape(m, [-1]) for m in means], 0)
+        return tf.stack([tf.cast(rank, tf.float32), tf.cast(slot, tf.float32)]), flat
 
     results = [coordinator.schedule(closure) for _ in range(workers)]
     coordinator.join()
