@@ -63,10 +63,11 @@ class WorkerCopy(ps_values.PerWorkerVariable):
 def exchanged_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: int) -> list[tf.Tensor]:
     """The mean over all `num_slots` slots (one per worker) of each dense gradient in `grads`, this
     slot's own included, summed in slot order as the aggregator sums them; every worker gets the same
-    values. One collective per step for all variables. Two slots: a ring all-reduce's sum, each value
-    one addition of the two slots' (a + b is b + a in IEEE arithmetic, so it is add_n's in slot order),
-    then / 2. More: a gather, one row per worker, the variables flattened, then the slot's bits (an
-    integer as wide as the dtype, bitcast: a gather moves bits, so none is changed), summed in slot order."""
+    values. Two slots: a ring all-reduce's sum, each value one addition of the two slots' (a + b is b + a
+    in IEEE arithmetic, so it is add_n's in slot order), then / 2, a collective per large gradient
+    (`summed_mean`). More: one gather per step, one row per worker, the variables flattened, then the
+    slot's bits (an integer as wide as the dtype, bitcast: a gather moves bits, so none is changed),
+    summed in slot order."""
     return summed_mean(grads, group_key) if num_slots == 2 else gathered_mean(slot, grads, num_slots, group_key)
 
 
