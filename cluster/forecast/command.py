@@ -63,9 +63,9 @@ def checked(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--rtt: expected zero or more milliseconds, got {args.rtt}")
     runs = report.parse_runs(args.measure)
     hybrid_runs = report.parse_runs(args.measure_allreduce, "--measure-allreduce", ps_counts=1) if args.measure_allreduce else []
-    uneven = sorted({w for w, _ in [*runs, *hybrid_runs] if args.global_batch_size % w})
-    if uneven:
-        raise ConfigError(f"--global-batch-size: {args.global_batch_size} does not split over {uneven[0]} workers (--measure)")
+    for flag, pairs in (("--measure", runs), ("--measure-allreduce", hybrid_runs)):
+        if uneven := sorted({w for w, _ in pairs if args.global_batch_size % w}):
+            raise ConfigError(f"--global-batch-size: {args.global_batch_size} does not split over {uneven[0]} workers ({flag})")
     if split := [ps for _, ps in hybrid_runs if ps > 1]:
         raise ConfigError(f"--measure-allreduce: runs on 1 ps only (a dense variable split is refused), got {split[0]} ps")
     check_job_module(args.job)
@@ -119,6 +119,8 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"pstrain plan: predicted for global batch {batch}, {args.bandwidth} per machine, {args.rtt:g} ms round trip, {where}:")
     if found.allreduce_refused:
         print(f'pstrain plan: train.dense = "ps" only; the launch refuses "allreduce" for this job ({found.allreduce_refused})')
+    elif hybrid is None:
+        print('pstrain plan: "allreduce" predicted with its CPU assumed from the "ps" runs (no --measure-allreduce)')
     scenarios = [Scenario(w, ps, batch, plan["bandwidth"], args.rtt / 1e3, cores) for w in plan["workers"] for ps in plan["ps"]]
     rows, modes, lines = both_modes(costs, found, scenarios, TrainConfig().steps_per_execution, hybrid)
     print("\n".join(report.table(rows, modes)))

@@ -80,7 +80,7 @@ class Costs:
 class HybridCosts:
     """The costs of a step with train.dense = "allreduce", fitted on its own runs (`fit_allreduce`), in
     seconds per step: one worker's CPU beyond its share of the batch, `base_s` (what it does once a step
-    whatever the worker count: its copies' update among it) and `ring_s` per further worker (one ring
+    whatever the worker count, its copies' update included) and `ring_s` per further worker (one ring
     step of the exchange: the gradient it receives, sends on and adds); and the ps's CPU, `ps_base_s`
     (its fixed work: the step gate, the stop request's read, the write-back) and `ps_worker_s` per
     worker (that worker's loss and table rows: pulled, pushed, applied)."""
@@ -282,8 +282,10 @@ def predict_allreduce(
       per step.
     - **ps CPU**: with `hybrid`, as its runs measured it on one ps, `hybrid.ps_base_s` on each ps and
       `hybrid.ps_worker_s` per worker, split over the ps as the tables' rows are (evenly without a
-      table; the step gate and the write-back are in the fixed part). Without: the "ps" fit's fixed
-      and per-request costs, and the write-back and the tables at its per-byte cost (an assumption).
+      table). Measured on one ps only: that every ps pays the fixed part (the step gate and the
+      write-back are in it, though they reach one ps) and that the per-worker part follows the table
+      rows (its requests follow them too) are assumptions. Without `hybrid`: the "ps" fit's fixed and
+      per-request costs, and the write-back and the tables at its per-byte cost.
     - **worker compute**: its share of the batch and its requests to the ps as with "ps", plus
       `hybrid.base_s` (its copies' update) and `hybrid.ring_s` per further worker (the exchange's CPU:
       each gradient received, sent on and added). Measured on 1 and 2 workers, where the 2 workers sum
@@ -295,10 +297,16 @@ def predict_allreduce(
       dense gradients' bytes and receives as many (2 workers: half of one, twice, each way), both ways
       at once (a ring sends while it receives: a 40 MiB exchange between two 1 Gbit hosts takes
       1.1-1.45x one way's time, tests/benchmarks/links.py `gather`), so they are counted once, plus a
-      round trip per ring step. With one worker, or no dense variable, there is no exchange.
-    - The worker's compute and its network are in series (the exchange takes the step's gradient; the
-      next step's forward pass takes the updated copies), so on a link they bind as one,
-      `worker compute + network`; on loopback (no bandwidth) the exchange's copies are in its CPU."""
+      round trip per ring step (2 workers' all-reduce: two, its reduce and its gather). The tables'
+      pulls and pushes are separate phases of the step and are summed. With one worker, or no dense
+      variable, there is no exchange.
+    - The worker's compute and its network are in series: the exchange takes the step's gradient,
+      and the next step's forward pass takes the updated copies. Two workers send each gradient of
+      1 MiB or more as soon as it is made (worker/replica/allreduce.py `summed_mean`), so the rest of
+      the backward pass overlaps the exchange there, which this leaves out (it over-predicts by at most
+      that rest).
+      On a link they bind as one, `worker compute + network`; on loopback (no bandwidth) the
+      exchange's copies are in its CPU."""
     n, p = scenario.workers, scenario.ps
     tables = [v for v in variables if v.row_sparse]
     dense = [v for v in variables if not v.row_sparse]
@@ -326,7 +334,8 @@ def predict_allreduce(
     if scenario.bandwidth:
         ps_network = max(ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
         own = sum(v.pull_bytes + v.push_bytes for v in tables)
-        worker_network = (own + ring * dense_bytes) / scenario.bandwidth + ring * scenario.rtt_s
+        trips = 2 if n == 2 and dense else ring  # an all-reduce's reduce and gather; a gather's ring steps
+        worker_network = (own + ring * dense_bytes) / scenario.bandwidth + trips * scenario.rtt_s
     loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": ps_network, "worker network": worker_network}
     if scenario.bandwidth:
         loads["worker compute + network"] = worker + worker_network

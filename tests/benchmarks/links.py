@@ -241,7 +241,10 @@ def record(
         model += ", the hybrid worker's from its own runs" if hybrid else ", the hybrid worker's assumed"
     plan = {
         "model": model,
-        "costs": {**(dataclasses.asdict(costs) if costs else {}), **(dataclasses.asdict(hybrid) if hybrid else {})},
+        "costs": {
+            **({"ps": dataclasses.asdict(costs)} if costs else {}),
+            **({"allreduce": dataclasses.asdict(hybrid)} if hybrid and dense == "allreduce" else {}),
+        },
         "binding": prediction.binding,
         "loads_s": prediction.loads,
     }

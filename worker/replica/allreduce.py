@@ -105,21 +105,21 @@ def summed_mean(grads: Sequence[tf.Tensor], group_key: int) -> list[tf.Tensor]:
     has made it (it is sent while the pass goes on, and needs no copy into or out of a packed vector);
     the smaller ones are flattened into one more. Packing changes no value: each is one addition."""
     dtype = grads[0].dtype
-    alone = [i for i, g in enumerate(grads) if g.shape.num_elements() * dtype.size >= ALONE_BYTES]
-    packed = [i for i in range(len(grads)) if i not in alone]
-    means: list[tf.Tensor | None] = [None] * len(grads)
+    alone = [i for i, g in enumerate(grads) if g.shape.num_elements() * g.dtype.size >= ALONE_BYTES]
+    packed = [i for i, g in enumerate(grads) if i not in alone and g.shape.num_elements()]
+    means: dict[int, tf.Tensor] = {}
     for k, i in enumerate(alone):
         means[i] = _summed(grads[i], group_key, _SUM_INSTANCE_KEY + 1 + k) / tf.cast(2, dtype)
     if packed:
         sizes = [grads[i].shape.num_elements() for i in packed]
         flat = tf.concat([tf.reshape(grads[i], [-1]) for i in packed], 0)
         parts = tf.split(_summed(flat, group_key, _SUM_INSTANCE_KEY) / tf.cast(2, dtype), sizes)
-        for i, part in zip(packed, parts, strict=True):
-            means[i] = tf.reshape(part, grads[i].shape)
-    return means
+        means |= {i: tf.reshape(part, grads[i].shape) for i, part in zip(packed, parts, strict=True)}
+    return [means.get(i, g) for i, g in enumerate(grads)]  # an empty gradient is its own (empty) mean
 
 
 def _summed(value: tf.Tensor, group_key: int, instance_key: int) -> tf.Tensor:
+    """`value` added to the other worker's of the same `instance_key` (a 2-worker ring all-reduce)."""
     return tf.raw_ops.CollectiveReduceV2(
         input=value,
         group_size=2,

@@ -115,8 +115,10 @@ def test_the_hybrids_runs_are_checked_before_any_run():
     assert checked(args(measure_allreduce=""))["allreduce_runs"] == []
     with pytest.raises(ConfigError, match=r"^--measure-allreduce: runs on 1 ps only \(.*\), got 2 ps$"):
         checked(args(measure_allreduce="1x1,2x2"))
-    with pytest.raises(ConfigError, match=r"^--global-batch-size: 64 does not split over 3 workers"):
+    with pytest.raises(ConfigError, match=r"^--global-batch-size: 64 does not split over 3 workers \(--measure-allreduce\)$"):
         checked(args(measure_allreduce="1x1,3x1"))
+    with pytest.raises(ConfigError, match=r"^--global-batch-size: 64 does not split over 3 workers \(--measure\)$"):
+        checked(args(measure="1x1,3x1,1x2"))
 
 
 def test_the_hybrids_fitted_costs_get_a_line_of_their_own():
