@@ -105,14 +105,20 @@ def test_propose_ps_takes_the_fewest_near_the_best():
     assert few == 1  # nothing on the ps scales with its count: one is enough
 
 
-def test_fit_recovers_the_costs_that_made_the_runs():
-    truth = costs(chief_per_worker_s=0.0, chief_sharded_s=3 * MS)
+def ps_runs(truth: Costs) -> list[Observation]:
+    """The five runs `pstrain plan` measures by default, as `truth` predicts them (train.dense = "ps")."""
     runs = []
     for workers, num_ps in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
         s = Scenario(workers, num_ps, 64, None, cores=truth.cores)
         p = predict(truth, [KERNEL], pstrain_placement([KERNEL], num_ps), s)
         cpu = {"worker": workers * p.loads["worker compute"], "ps": sum(p.ps_cpu_s), "chief": p.loads["chief"]}
         runs.append(Observation(workers, num_ps, 64, p.step_s, cpu))
+    return runs
+
+
+def test_fit_recovers_the_costs_that_made_the_runs():
+    truth = costs(chief_per_worker_s=0.0, chief_sharded_s=3 * MS)
+    runs = ps_runs(truth)
     got = fit(runs)
     assert got.worker_base_s == pytest.approx(truth.worker_base_s, rel=1e-6)
     assert got.worker_example_s == pytest.approx(truth.worker_example_s, rel=1e-6)
@@ -255,12 +261,7 @@ def test_the_hybrid_worker_is_charged_what_its_measured_runs_fitted():
 
 def test_fit_allreduce_recovers_the_hybrid_costs_and_fit_leaves_the_hybrid_runs_out():
     truth, hybrid = costs(chief_per_worker_s=0.0, chief_sharded_s=3 * MS), HybridCosts(5 * MS, 7 * MS, 2 * MS, 0.5 * MS)
-    runs = []
-    for workers, num_ps in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
-        s = Scenario(workers, num_ps, 64, None, cores=truth.cores)
-        p = predict(truth, [KERNEL], pstrain_placement([KERNEL], num_ps), s)
-        cpu = {"worker": workers * p.loads["worker compute"], "ps": sum(p.ps_cpu_s), "chief": p.loads["chief"]}
-        runs.append(Observation(workers, num_ps, 64, p.step_s, cpu))
+    runs = ps_runs(truth)
     for workers in (1, 2):
         s = Scenario(workers, 1, 64, None, cores=truth.cores)
         p = predict_allreduce(truth, [KERNEL], pstrain_placement([KERNEL], 1), s, 2, 64, hybrid)
