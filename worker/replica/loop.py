@@ -113,6 +113,10 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
     return worker_fn
 
 
+# Steps of a lean closure between its reads of the chief's stop request (lean_loop): a stop mid-block
+# ends it at most this many steps later, on every worker at the same step.
+STOP_EVERY = 8
+
 # Per step of a lean closure's packed result: [j, epoch, index, hit] as worker_loop's, then the mean
 # loss's float32 bits, whether every mean was finite, whether a stop was seen (chief/step/block_results.py).
 LEAN_COLUMNS = 7
@@ -122,21 +126,24 @@ def lean_loop(strategy, replica, source, expected, readahead, dense, stopping):
     """The traced worker loop of the hybrid step with no ps on a step's path (a model without row-sparse
     tables): `worker_fn(iterator, first, count, slot, positions)` as `worker_loop`'s. Per step: read the
     examples, take the slot's step on this worker's copies and exchange the dense gradients, the loss
-    and the chief's stop request (`stopping`, a bool variable on the ps, read off the step's path) among
-    the workers (worker/replica/allreduce.py `lean_step`), then update the copies unless a mean was not
-    finite or a worker saw the stop: every worker decides the same from the same exchanged values, so
-    all end at the same step. No gate, no push: the chief moves the ps's step, loss and copies once the
-    block's closures returned. Returns the worker, then LEAN_COLUMNS int64 per step run."""
+    and the chief's stop request among the workers (worker/replica/allreduce.py `lean_step`), then
+    update the copies unless a mean was not finite or a worker saw the stop: every worker decides the
+    same from the same exchanged values, so all end at the same step. No gate, no push: the chief moves
+    the ps's step, loss and copies once the block's closures returned.
+
+    The stop request (`stopping`, a bool variable on the ps) is read once per `STOP_EVERY` steps, in an
+    outer loop around theirs: a variable read of another task inside a loop splits the loop between
+    the two tasks, which then trade its control every iteration (on the dense 1 M model on loopback,
+    a round trip to the ps and about 2 ms per step). Returns the worker, then LEAN_COLUMNS int64 per step run."""
 
     @tf.function(autograph=False)
     def worker_fn(iterator, first, count, slot, positions):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         read = reader(source, expected, readahead, iterator, slot, positions)
 
-        def body(i, go, rows):
+        def steps(i, go, rows, stop):
             step = first + tf.cast(i, tf.int64)
             batch, hit, where = read(i, step)
-            stop = tf.cast(stopping.read_value(), tf.float32)
 
             def replica_fn(batch, stop):
                 graph = tf.compat.v1.get_default_graph()
@@ -155,10 +162,20 @@ def lean_loop(strategy, replica, source, expected, readahead, dense, stopping):
             with tf.control_dependencies([updated]):  # the next step reads the copies once updated
                 return i + 1, tf.identity(go), rows.write(i, row)
 
+        def chunk(i, go, rows):  # up to STOP_EVERY steps on one read of the stop request
+            stop = tf.cast(stopping.read_value(), tf.float32)
+            end = tf.minimum(i + STOP_EVERY, count)
+            return tf.while_loop(
+                lambda i, go, _: tf.logical_and(i < end, go),
+                lambda i, go, rows: steps(i, go, rows, stop),
+                (i, go, rows),
+                parallel_iterations=1,
+            )
+
         with dense.hyperparameters_read_once():
             _, _, rows = tf.while_loop(
                 lambda i, go, _: tf.logical_and(i < count, go),
-                body,
+                chunk,
                 (tf.constant(0, tf.int32), tf.constant(True), tf.TensorArray(tf.int64, 0, True)),
                 parallel_iterations=1,
             )

@@ -227,6 +227,49 @@ def test_a_nan_gradient_under_a_finite_loss_is_never_applied(in_process_cluster,
         assert np.all(np.isfinite(got))
 
 
+def while_bodies(graph) -> list:
+    """The body graphs of the while loops made directly in `graph` (while_v2 keeps them on the op)."""
+    return [op._body_graph for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+
+
+def inner(graph, captured):
+    """`graph`'s own placeholder for the outer tensor `captured`, or None where it does not capture it."""
+    return next((internal for external, internal in graph.captures if external is captured), None)
+
+
+@pytest.mark.inprocess
+def test_the_lean_steps_loop_reads_nothing_on_the_ps(in_process_cluster, tmp_path):
+    """The lean closure reads the chief's stop request in an outer loop, once per STOP_EVERY steps; the
+    steps' own loop captures no handle of it. A ps variable read inside that loop would split it between
+    the worker and the ps, which would trade its control every step. The stop still ends the block."""
+
+    def model_fn() -> tf_keras.Model:
+        inputs = tf_keras.Input((4,))
+        return tf_keras.Model(inputs, tf_keras.layers.Dense(1)(tf_keras.layers.Dense(4)(inputs)))
+
+    job = Job("dense", model_fn, tf_keras.losses.mean_squared_error, lambda: tf_keras.optimizers.SGD(0.1), masked_sqrt_data, None)
+    train = TrainConfig(job="dense", steps=20, global_batch_size=64, replicas_to_aggregate=2, total_num_replicas=2)
+    train = dataclasses.replace(train, dense="allreduce")
+    source, sample = engine_inputs(job, train, tmp_path)
+    cluster = ClusterEngine(job, train, source, sample, resolver=in_process_cluster)
+    cluster.prepare(0)
+    assert cluster.lean
+    assert len(cluster.run(0, 1)) == 1
+    traced = cluster._lean_fn._list_all_concrete_functions()
+    assert len(traced) == train.total_num_replicas  # one trace per slot
+    for function in traced:
+        (chunks,) = while_bodies(function.graph)
+        (steps,) = while_bodies(chunks)
+        handle = cluster._stopping.handle  # a loop body captures an eager handle itself
+        stop = inner(chunks, handle)
+        assert stop is not None, "the outer loop reads the stop request"
+        assert inner(steps, handle) is None and inner(steps, stop) is None, "the steps' loop does not"
+    cluster._stopping.assign(True)
+    assert cluster.run(1, 19) == [], "a stop request seen at the block's first step: no step applied"
+    assert int(cluster.state.global_step.numpy()) == 1
+    cluster.close()
+
+
 @pytest.mark.inprocess
 def test_blocks_of_any_length_give_the_same_model(in_process_cluster, tmp_path):
     """K = 1 (the chief on every step's path) and longer blocks train alike, with Dropout and BatchNorm;
