@@ -101,25 +101,29 @@ def gathered_mean(slot, grads: Sequence[tf.Tensor], num_slots: int, group_key: i
 def summed_mean(grads: Sequence[tf.Tensor], group_key: int) -> list[tf.Tensor]:
     """`exchanged_mean` of 2 slots: each gradient summed between the two workers by CollectiveReduceV2
     (merge Add: each value added once, in either order), divided by 2 as the aggregator divides. A
-    gradient of `ALONE_BYTES` or more is a collective of its own, started as soon as the backward pass
-    has made it (it is sent while the pass goes on, and needs no copy into or out of a packed vector);
+    gradient of `ALONE_BYTES` or more is a collective of its own, last layer first (see below; it is
+    sent while the pass goes on, and needs no copy into or out of a packed vector);
     the smaller ones are flattened into one more. Packing changes no value: each is one addition."""
-    dtype = grads[0].dtype
     alone = [i for i, g in enumerate(grads) if g.shape.num_elements() * g.dtype.size >= ALONE_BYTES]
     packed = [i for i, g in enumerate(grads) if i not in alone and g.shape.num_elements()]
     means: dict[int, tf.Tensor] = {}
-    for k, i in enumerate(alone):
-        means[i] = _summed(grads[i], group_key, _SUM_INSTANCE_KEY + 1 + k) / tf.cast(2, dtype)
+    # Made last layer first: a traced function runs these collectives one after another in the order
+    # they were made (auto control dependencies chain stateful ops), and the backward pass makes the
+    # last layer's gradients first, so each is sent while the pass goes on to the layers before it.
+    for k, i in reversed(list(enumerate(alone))):
+        means[i] = _halved_sum(grads[i], group_key, _SUM_INSTANCE_KEY + 1 + k)
     if packed:
         sizes = [grads[i].shape.num_elements() for i in packed]
         flat = tf.concat([tf.reshape(grads[i], [-1]) for i in packed], 0)
-        parts = tf.split(_summed(flat, group_key, _SUM_INSTANCE_KEY) / tf.cast(2, dtype), sizes)
+        parts = tf.split(_halved_sum(flat, group_key, _SUM_INSTANCE_KEY), sizes)
         means |= {i: tf.reshape(part, grads[i].shape) for i, part in zip(packed, parts, strict=True)}
     return [means.get(i, g) for i, g in enumerate(grads)]  # an empty gradient is its own (empty) mean
 
 
-def _summed(value: tf.Tensor, group_key: int, instance_key: int) -> tf.Tensor:
-    """`value` added to the other worker's of the same `instance_key` (a 2-worker ring all-reduce)."""
+def _halved_sum(value: tf.Tensor, group_key: int, instance_key: int) -> tf.Tensor:
+    """`value` added to the other worker's of the same `instance_key` (a 2-worker ring all-reduce), then
+    divided by 2 in the collective (final op Div: the same correctly rounded quotient as `/ 2`, with no
+    pass of its own over the sum)."""
     return tf.raw_ops.CollectiveReduceV2(
         input=value,
         group_size=2,
@@ -127,7 +131,7 @@ def _summed(value: tf.Tensor, group_key: int, instance_key: int) -> tf.Tensor:
         instance_key=instance_key,
         ordering_token=[],
         merge_op="Add",
-        final_op="Id",
+        final_op="Div",
         timeout_seconds=COLLECTIVE_TIMEOUT_S,
     )
 
