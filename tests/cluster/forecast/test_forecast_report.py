@@ -107,7 +107,8 @@ def test_the_hybrids_runs_are_checked_before_any_run():
     from cluster.forecast.command import checked
 
     def args(**changes) -> argparse.Namespace:
-        base = dict(job="chief.jobs.digits", global_batch_size=64, measure_steps=200, rtt=0.1, measure="1x1,2x1,1x2,2x2")
+        base = dict(job="chief.jobs.digits", global_batch_size=64, measure_steps=200, measure_repeats=1, rtt=0.1)
+        base |= dict(measure="1x1,2x1,1x2,2x2")
         base |= dict(measure_allreduce="1x1,2x1", workers="16", ps="1", bandwidth="1Gbit", cores="")
         return argparse.Namespace(**(base | changes))
 
@@ -119,6 +120,8 @@ def test_the_hybrids_runs_are_checked_before_any_run():
         checked(args(measure_allreduce="1x1,3x1"))
     with pytest.raises(ConfigError, match=r"^--global-batch-size: 64 does not split over 3 workers \(--measure\)$"):
         checked(args(measure="1x1,3x1,1x2"))
+    with pytest.raises(ConfigError, match=r"^--measure-repeats: expected a positive whole number, got 0$"):
+        checked(args(measure_repeats=0))
 
 
 def test_the_hybrids_fitted_costs_get_a_line_of_their_own():
