@@ -45,21 +45,10 @@ class StepGate:
 
     def wait(self, step: tf.Tensor, global_step: tf.Variable) -> tf.Tensor:
         """In a closure: block until step `step` is open. Returns the open step as seen (`step`: compute
-        it; greater: it was applied without this slot; `ABORT`: the block ended early).
-
-        The wait is one call of a function on the ps that TF does not inline (`_noinline`): the step
-        goes in, the token comes out. Inlined, its cond is split between the worker and the ps inside
-        the closure's loop, and the two trade its predicate, pivot and outputs every step (the ps's
-        trace: 0.1-0.3 ms of its CPU a transfer; the embedding job, 2 workers: a median step 3 % and
-        the ps's CPU 5 % lower as one call, docs/benchmarks/2026-12-07-gate-as-one-call.md)."""
-
-        @tf.function(autograph=False, experimental_attributes={"_noinline": True})
-        def waited(step):
+        it; greater: it was applied without this slot; `ABORT`: the block ended early)."""
+        with tf.device(self.device):
             current = global_step.read_value()
             return tf.cond(current >= step, lambda: current, lambda: self._by_parity(step, self._peek))
-
-        with tf.device(self.device):
-            return waited(step)
 
     def advance(self, step: tf.Tensor) -> tf.Tensor:
         """In the apply, after step `step` was applied and the global step moved: close it, open step + 1."""
