@@ -140,6 +140,8 @@ def in_process_cluster():
         tf.distribute.Server(spec, job_name=job, task_index=i, config=config) for job in cluster for i in range(len(cluster[job]))
     ]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
-    tf.distribute.ParameterServerStrategy(resolver)  # connect this process first: later local variables live beside it
+    from chief.step.strategy import PeeredPSStrategy
+
+    PeeredPSStrategy(resolver)  # connect this process first, as the chief does: later local variables live beside it
     yield resolver
     del servers

@@ -37,6 +37,7 @@ from chief.step.block_results import (
 from chief.step.engine import StepResult, inspected_replica, slot_positions, value_names
 from chief.step.hybrid import DenseCopies, Watchdog, collectives_lost, lean, refuse
 from chief.step.rounding import same_rounding_everywhere
+from chief.step.strategy import PeeredPSStrategy
 from cluster.config import TrainConfig
 from cluster.errors import RestartableError, user_error
 from cluster.tfconfig import training_resolver
@@ -61,7 +62,7 @@ def connect(resolver=None) -> tuple:
     ("/job:localhost/replica:0/task:0/device:CPU:0 unknown device" when a worker's pipeline uses it)."""
     resolver = resolver or training_resolver()
     num_ps = resolver.cluster_spec().num_tasks("ps")
-    return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner(num_ps)), resolver
+    return PeeredPSStrategy(resolver, variable_partitioner=partitioner(num_ps)), resolver
 
 
 class ClusterEngine:
@@ -195,8 +196,7 @@ class ClusterEngine:
             None if self.dense is None else self.dense.tables,
         )
         self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
-        one_ps = len({v.device for v in variables_of(self.state.model.weights)} | {device}) == 1
-        self._apply_device = device if one_ps else None
+        self._apply_device = device
 
     def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
         """Run steps first..first+count-1, in one dispatch when the engine is warm; see `Engine.run`. With
@@ -369,10 +369,8 @@ class ClusterEngine:
         return True
 
     def _apply_block(self, first: tf.Tensor, count: tf.Tensor):
-        """The block's apply loop: on the ps when there is one (no call between its steps leaves the ps);
-        with several ps on the chief, as a ps cannot reach another ps (ParameterServerStrategy's filters)."""
-        if self._apply_device is None:
-            return self._apply_fn(first, count)
+        """The block's apply loop, on the global step's ps: no call between its steps leaves the ps tasks
+        (they see each other, chief/step/strategy.py)."""
         with tf.device(self._apply_device):
             return self._apply_fn(first, count)
 

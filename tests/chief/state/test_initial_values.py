@@ -32,6 +32,7 @@ from chief.state.sharding import partitioner
 from chief.state.unfilled import unfilled, unfilled_initializers
 from chief.step.dispatch import ClusterEngine
 from chief.step.local import LocalEngine
+from chief.step.strategy import PeeredPSStrategy
 from cluster.config import TrainConfig
 from tests.chief.step.test_dispatch import engine_inputs, full_weights
 
@@ -160,7 +161,7 @@ def test_sharded_table_made_on_the_ps_starts_and_trains_as_standalone(in_process
 def test_tf_own_sharded_initialization_would_not_be_the_full_table(in_process_cluster):
     """Why full_rows_initializers exists: left to TF, a Keras initializer gives each shard values of
     its own (seed folded with the offset), not the full table's rows."""
-    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster, variable_partitioner=partitioner(2))
+    strategy = PeeredPSStrategy(in_process_cluster, variable_partitioner=partitioner(2))
     job = recommender_job()
     sample = {k: v[:1] for k, v in TABLES.train_data()[0].items()}
     reference = seeded_build(job.model_fn, 0, sample).get_weights()

@@ -16,6 +16,7 @@ from chief.state.checkpoints import checkpointed_variables
 from chief.state.mirror import MirrorCheckpoints
 from chief.state.model_state import build_state
 from chief.state.sharding import partitioner
+from chief.step.strategy import PeeredPSStrategy
 from tests.jobs.keras3 import ids_data
 
 pytestmark = pytest.mark.inprocess
@@ -25,7 +26,7 @@ SAMPLE = ids_data(1, 0)[0]["ids"]
 
 @pytest.fixture(scope="module")
 def strategy(in_process_cluster):
-    return tf.distribute.ParameterServerStrategy(in_process_cluster, variable_partitioner=partitioner(2))
+    return PeeredPSStrategy(in_process_cluster, variable_partitioner=partitioner(2))
 
 
 def test_table_and_its_slots_are_shards_paired_with_the_full_size_slots(strategy, tmp_path):

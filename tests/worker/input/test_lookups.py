@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.python.distribute import ps_values
 
+from chief.step.strategy import PeeredPSStrategy
 from worker.input.lookups import local_lookups, lookups_on_workers
 from worker.input.streams import StreamSource
 
@@ -62,7 +63,7 @@ def test_a_lookup_in_the_pipeline_reads_on_each_worker_what_the_standalone_strea
     assert standalone[0] == [1, 2, 3, 0], "red, green, blue, then grey: out of the vocabulary"
     built_here = len(made)
     assert not any(isinstance(t, ps_values.DistributedTable) for t in made), "the chief's own reads keep a local table"
-    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster)
+    strategy = PeeredPSStrategy(in_process_cluster)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     iterator = iter(coordinator.create_per_worker_dataset(local_lookups(strategy, source.dataset_fn)))
     traced = made[built_here:]
@@ -90,7 +91,7 @@ def test_a_table_the_chief_makes_while_it_imports_the_job_gets_a_copy_per_worker
     """A lookup layer at the job module's top level (made eagerly, under `lookups_on_workers`) is a
     DistributedTable; one read from a vocabulary file stays one table (a worker would read its own
     disk's file), as does one made outside the scope."""
-    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster)
+    strategy = PeeredPSStrategy(in_process_cluster)
     vocabulary = tmp_path / "vocabulary.txt"
     vocabulary.write_text("\n".join(VOCABULARY) + "\n")
     with lookups_on_workers(strategy):

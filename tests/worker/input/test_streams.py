@@ -13,6 +13,7 @@ import tf_keras
 
 from chief.contract.job import JobError, load_job
 from chief.data.train_source import train_source
+from chief.step.strategy import PeeredPSStrategy
 from cluster.config import TrainConfig
 from cluster.rundir import RunDir
 from worker.input.sources import DataError
@@ -105,7 +106,7 @@ def test_closures_in_any_order_read_their_own_batch_on_the_workers(in_process_cl
     source = stream()
     source.begin(0)
     expected = source.fingerprint()
-    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster)
+    strategy = PeeredPSStrategy(in_process_cluster)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     iterator = iter(coordinator.create_per_worker_dataset(source.dataset_fn))
 

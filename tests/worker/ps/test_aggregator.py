@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from chief.step.strategy import PeeredPSStrategy
 from worker.ps.aggregator import SyncReplicasAggregator
 from worker.replica.gradients import unique_rows
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.inprocess
 
 @pytest.fixture(scope="module")
 def coordinator(in_process_cluster):
-    strategy = tf.distribute.ParameterServerStrategy(in_process_cluster)
+    strategy = PeeredPSStrategy(in_process_cluster)
     return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
