@@ -6,7 +6,7 @@ the fastest kept), and propose the ps count that measured faster. Every task sha
 cores, so the prediction is for tasks sharing the cores the measured runs kept busy (`--cores here`,
 `--bandwidth loopback`), and the 4-worker steps are measured in the same test, under the same load.
 The unseen runs get the wider band because 7 processes on 2 shared cores of a CI runner read from
--34 % to +31 % of the prediction over three CI runs (within 15 % on this machine): docs/plan.md."""
+-34 % to +31 % of the prediction over three CI runs (-12 % to -28 % on this machine): docs/plan.md."""
 
 from __future__ import annotations
 
