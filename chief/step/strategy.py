@@ -3,7 +3,7 @@
 TF's strategy gives each ps a device filter of the workers and the chief only (a ps sees no other ps,
 `parameter_server_strategy_v2.py` `_connect_to_cluster`). A function that updates variables on several
 ps then has to run on the chief, and its in-graph loop's every step crosses to the chief and back: on
-2 ps, 4.9 ms of the chief's CPU a step where one ps costs it 0.5 (chief.jobs.digits, 1 worker). Here
+2 ps, about 5 ms of the chief's CPU a step where one ps costs it 0.5 (chief.jobs.digits, 1 worker). Here
 each ps also sees the other ps, so the chief calls the loop once per block on the global step's ps,
 which drives the other ps's part itself. The workers' filters are TF's: a worker sees no other worker,
 which keeps a worker's failure from reaching the others' contexts. A ps's failure ends every block
@@ -16,7 +16,12 @@ from tensorflow.python.eager import remote
 
 
 class PeeredPSStrategy(tf.distribute.ParameterServerStrategy):
-    """tf.distribute.ParameterServerStrategy with "/job:ps" added to every ps's device filters."""
+    """tf.distribute.ParameterServerStrategy with "/job:ps" added to every ps's device filters.
+
+    It must be the first strategy a process connects with: TF keeps the filters of a process's first
+    connect for good (a later connect, and ClusterCoordinator's reconnect after a lost worker, update
+    the cluster but not the filters), so a plain ParameterServerStrategy connected earlier leaves the
+    ps blind to each other and the apply loop fails with "/job:ps/.../CPU:0 unknown device"."""
 
     def _connect_to_cluster(self, coordinator_name: str) -> None:
         connect_to_cluster = remote.connect_to_cluster
