@@ -134,8 +134,10 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     """A stop after the first checkpoint: one line saying what stopped the run and after which step (no
     `error`), exit 128+N for a signal and 0 for `pstrain stop`; the same command resumes to the
     uninterrupted model, and its done line counts from the first launch. `pstrain stop` is a process of
-    its own (Python and gRPC start-up): its run is longer, so the stop cannot lose the race with the end."""
-    steps = 400 if stop == "pstrain stop" else 120
+    its own (Python and gRPC start-up): its run is longer, so the stop cannot lose the race with the end
+    (400 steps lost it once in a clean-clone CI run here: the run's 375 steps after the ask took 5.6 s, and the stop
+    arrived after the done line)."""
+    steps = 1200 if stop == "pstrain stop" else 120
     run_dir = tmp_path / "run"
     args = ["launch", "--run-dir", str(run_dir), "--steps", str(steps), "--checkpoint-every", "20"]
     asked: list[subprocess.CompletedProcess] = []
@@ -163,8 +165,8 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path, stop):
     assert_no_orphans(first)
     # What a crash in the middle of a later save leaves behind: files of a newer checkpoint that the
     # checkpoint state never pointed to. They must not be taken for the latest checkpoint.
-    (run_dir / "checkpoints" / "ckpt-119.index").write_bytes(b"\x00partial")
-    (run_dir / "checkpoints" / "ckpt-119.data-00000-of-00001").write_bytes(b"\x00" * 10)
+    (run_dir / "checkpoints" / f"ckpt-{steps - 1}.index").write_bytes(b"\x00partial")
+    (run_dir / "checkpoints" / f"ckpt-{steps - 1}.data-00000-of-00001").write_bytes(b"\x00" * 10)
 
     second = run_pstrain(args)
     assert second.returncode == 0, second.output
