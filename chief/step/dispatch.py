@@ -196,7 +196,6 @@ class ClusterEngine:
             None if self.dense is None else self.dense.tables,
         )
         self._unblock_fn = tf.function(self.aggregator.unblock, autograph=False)
-        self._apply_device = device
 
     def run(self, first: int, count: int, interrupted: Callable[[], bool] = lambda: False) -> list[StepResult]:
         """Run steps first..first+count-1, in one dispatch when the engine is warm; see `Engine.run`. With
@@ -371,7 +370,7 @@ class ClusterEngine:
     def _apply_block(self, first: tf.Tensor, count: tf.Tensor):
         """The block's apply loop, on the global step's ps: no call between its steps leaves the ps tasks
         (they see each other, chief/step/strategy.py)."""
-        with tf.device(self._apply_device):
+        with tf.device(self.state.global_step.device):
             return self._apply_fn(first, count)
 
     def _wait(
