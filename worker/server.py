@@ -14,6 +14,7 @@ from cluster.errors import ConfigError, PstrainError, report
 from cluster.taskenv import TaskEnv, die_with_parent, gpu_visibility
 from cluster.tfconfig import server_task, tf_config_text
 from worker import tf_runtime
+from worker.start_turns import start_turn
 
 log = logging.getLogger("pstrain.server")
 
@@ -61,18 +62,20 @@ def serve() -> int:
     cluster, task_type, index = server_task(tf_config_text())
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    tf = tf_runtime.load()
-    devices = [f"{d.device_type}:{d.name}" for d in tf.list_physical_devices()]
-    log.info(
-        "%s:%d pid %d CUDA_VISIBLE_DEVICES=%r devices %s",
-        task_type,
-        index,
-        os.getpid(),
-        gpu_visibility(),
-        devices,
-    )
-    config = server_config(TaskEnv.from_env())
-    server = tf.Server(tf.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
+    with start_turn():  # the machine's servers load in turns: the chief keeps a core (worker/start_turns.py)
+        tf = tf_runtime.load()
+        devices = [f"{d.device_type}:{d.name}" for d in tf.list_physical_devices()]
+        log.info(
+            "%s:%d pid %d CUDA_VISIBLE_DEVICES=%r devices %s",
+            task_type,
+            index,
+            os.getpid(),
+            gpu_visibility(),
+            devices,
+        )
+        config = server_config(TaskEnv.from_env())
+        spec = tf.ClusterSpec(cluster)
+        server = tf.Server(spec, job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
     log.info("%s:%d serving at %s", task_type, index, server.target)
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
     if agent:
