@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -62,7 +64,12 @@ def serve() -> int:
     cluster, task_type, index = server_task(tf_config_text())
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    with start_turn():  # the machine's servers load in turns: the chief keeps a core (worker/start_turns.py)
+    task = TaskEnv.from_env()
+    waited = time.monotonic()
+    with start_turn() if task.start_turns else contextlib.nullcontext(False) as turn:
+        if task.start_turns:  # beside the chief, the servers load in turns: it keeps a core (worker/start_turns.py)
+            how = "in its turn" if turn else "without a turn"
+            log.info("%s:%d loading TensorFlow %s after %.2fs", task_type, index, how, time.monotonic() - waited)
         tf = tf_runtime.load()
         devices = [f"{d.device_type}:{d.name}" for d in tf.list_physical_devices()]
         log.info(
@@ -73,14 +80,14 @@ def serve() -> int:
             gpu_visibility(),
             devices,
         )
-        config = server_config(TaskEnv.from_env())
+        config = server_config(task)
         spec = tf.ClusterSpec(cluster)
         server = tf.Server(spec, job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
     log.info("%s:%d serving at %s", task_type, index, server.target)
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
     if agent:
         try:
-            agent.register(devices, deadline_s=TaskEnv.from_env().register_timeout)
+            agent.register(devices, deadline_s=task.register_timeout)
         except (Refused, TimeoutError) as e:
             leave(ConfigError(f"{task_type}:{index}: {e}"))
 

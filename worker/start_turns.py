@@ -1,20 +1,20 @@
-"""The servers of one machine load TensorFlow in turns, so the chief keeps a core at start-up.
+"""The servers beside the chief load TensorFlow in turns, so the chief keeps a core at start-up.
 
-A local cluster starts its ps and workers next to the chief, on the same cores. Each server loads
-TensorFlow's runtime and starts its gRPC server, about 1 s of CPU (worker/tf_runtime.py). At the same
-time the chief imports TensorFlow's Python API, about 3 s, and that import is the start-up's critical
-path: the servers are up long before the chief needs them. On 2 cores, four processes loading at once
-leave the chief half a core until the servers are done. Measured on this 2-core machine (a recommender
-job, 1 ps and 2 workers), each server had spent 0.85 s of CPU after 2 s, and so had the chief.
+`pstrain launch` starts the ps and workers of its machine next to the chief, on the same cores. Each
+server loads TensorFlow's runtime and starts its gRPC server, about 1 s of CPU (worker/tf_runtime.py).
+At the same time the chief imports TensorFlow's Python API, about 3 s, and that import is most of the
+start-up's critical path. On 2 cores, four processes loading at once left the chief about half a core
+for its first 2 s (docs/benchmarks/2026-12-07-every-workload-on-loopback-and-1gbit.md).
 
-So at most `cores - 1` servers of a machine load at once (`concurrent_starts`), and the chief keeps a
-core. On a machine with cores to spare (a GPU box), nothing waits.
+So the servers the launcher starts (TaskEnv.start_turns) load at most `turn_count(cores)` at a time,
+all cores but one, and the chief keeps a core; with cores to spare (a GPU box) nothing waits. Servers
+on machines without the chief (`pstrain node`, Slurm, pods, Ray) do not take turns. On 2 cores the
+servers then load one after another, and the chief may wait a few tenths of a second for the last.
 
-A turn is an exclusive `flock` on one of `concurrent_starts` files in a per-user directory of the
-system's temporary directory, shared by every pstrain server on the machine. It is held from before
-the load until the server serves. The kernel releases it when the process ends, however it ends. A
-server waits at most `MAX_WAIT_S` for a turn and then starts anyway, so a stopped or stuck process
-cannot hold back the machine's starts.
+A turn is an exclusive `flock` on one of `turn_count` files in a per-user directory of $TMPDIR (or
+/tmp), which this user must own, held from before the load until the server serves. The kernel
+releases it when the process ends, however it ends. A server waits at most `MAX_WAIT_S` for a turn,
+then starts anyway; where the files cannot be made or locked it starts without one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +31,7 @@ MAX_WAIT_S = 5.0  # the longest a server waits for its turn: a few servers' load
 POLL_S = 0.02
 
 
-def concurrent_starts(cores: int) -> int:
+def turn_count(cores: int) -> int:
     """How many servers of a machine with `cores` usable cores may load TensorFlow at once: all cores
     but the chief's, and at least one."""
     return max(1, cores - 1)
@@ -44,31 +44,51 @@ def usable_cores() -> int:
 
 def turns_directory() -> Path:
     """Where this user's servers keep the turn files: one place per machine and user."""
-    return Path(tempfile.gettempdir()) / f"pstrain-{os.getuid()}-start-turns"
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"pstrain-{os.getuid()}-start-turns"
+
+
+def open_turn_files(directory: Path, count: int) -> list[int]:
+    """Descriptors of the `count` turn files in `directory`, made if missing. Raises OSError where the
+    directory is not a folder of this user's (another user's, a link) or a file cannot be opened; none
+    stays open then."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise PermissionError(f"{directory} is not a folder of this user's")
+    files: list[int] = []
+    try:
+        for i in range(count):
+            files.append(os.open(directory / f"turn-{i}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    except OSError:
+        for fd in files:
+            os.close(fd)
+        raise
+    return files
 
 
 @contextlib.contextmanager
 def start_turn(cores: int | None = None, directory: Path | None = None, max_wait_s: float = MAX_WAIT_S) -> Iterator[bool]:
-    """Hold one of the machine's `concurrent_starts(cores)` turns for the block. Yields whether a turn
-    was held: False after `max_wait_s` without one, or where the turn files cannot be made (the block
-    then runs without a turn; a start is never refused for this)."""
-    n = concurrent_starts(usable_cores() if cores is None else cores)
-    directory = turns_directory() if directory is None else directory
+    """Hold one of the machine's `turn_count(cores)` turns for the block. Yields whether a turn was
+    held: False after `max_wait_s` without one, or where the turn files cannot be made or locked (the
+    block then runs without one; a start is never refused for this)."""
+    files: list[int] = []
+    held = False
     try:
-        directory.mkdir(mode=0o700, exist_ok=True)
-        files = [os.open(directory / f"turn-{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(n)]
+        count = turn_count(usable_cores() if cores is None else cores)
+        files = open_turn_files(turns_directory() if directory is None else directory, count)
+        held = _take_one(files, time.monotonic() + max_wait_s)
     except OSError:
-        yield False
-        return
+        held = False
     try:
-        yield _take_one(files, time.monotonic() + max_wait_s)
+        yield held
     finally:
         for fd in files:
             os.close(fd)  # closing the descriptor releases its lock
 
 
 def _take_one(files: list[int], deadline: float) -> bool:
-    """Lock one of `files` (non-blocking tries, every POLL_S) before `deadline`; whether one was locked."""
+    """Lock one of `files` (non-blocking tries, every POLL_S) before `deadline`; whether one was locked.
+    A lock the file system does not support raises OSError."""
     while True:
         for fd in files:
             try:

@@ -61,7 +61,8 @@ def summarize(runs: list[dict]) -> dict:
                 "startup_range_s": [min(starts), max(starts)],
             }
         rounds = sorted({r["round"] for r in mine})
-        out[config] = {**sides, **compared(mine, rounds, "step_ms", sides, "median_ms")}
+        out[config] = {**sides, "rounds": len(rounds)}
+        out[config].update(compared(mine, rounds, "step_ms", sides, "median_ms"))
         out[config].update(compared(mine, rounds, "startup_s", sides, "startup_s", prefix="startup_"))
     return out
 
@@ -71,7 +72,7 @@ def compared(runs: list[dict], rounds: list[int], key: str, sides: dict, median:
     by_round = {(r["round"], r["side"]): r[key] for r in runs}
     won = sum(by_round[n, "after"] < by_round[n, "before"] for n in rounds)
     ratio = sides["after"][median] / sides["before"][median]
-    return {f"{prefix}after_faster_rounds": won, "rounds": len(rounds), f"{prefix}after_over_before": ratio}
+    return {f"{prefix}after_faster_rounds": won, f"{prefix}after_over_before": ratio}
 
 
 def line(config: str, s: dict) -> str:
@@ -84,6 +85,7 @@ def line(config: str, s: dict) -> str:
 
     won = f"after faster in {s['after_faster_rounds']} of {s['rounds']} rounds"
     started = f"start-up after/before {s['startup_after_over_before']:.2f}, after faster in {s['startup_after_faster_rounds']}"
+    started += f" of {s['rounds']}"
     head = f"{config}: step after/before {s['after_over_before']:.2f}, {won}; {started}"
     return f"{head}\n  {side('before')}\n  {side('after')}"
 
@@ -113,10 +115,12 @@ def main() -> int:
                 os.environ["PYTHONPATH"] = str(checkouts[side])
                 o = measure(args.job, workers, ps, args.global_batch_size, args.steps, args.steps // 3)
                 cpu = {role: seconds * 1e3 for role, seconds in sorted(o.cpu_s.items())}
-                run = {"config": f"{workers}x{ps}", "round": round_, "side": side, "step_ms": o.step_s * 1e3, "cpu_ms": cpu}
-                run["startup_s"] = o.startup_s
+                assert o.startup_s is not None  # measure() always takes it
+                config = f"{workers}x{ps}"
+                step_ms, startup_s = o.step_s * 1e3, o.startup_s
+                run = {"config": config, "round": round_, "side": side, "step_ms": step_ms, "cpu_ms": cpu, "startup_s": startup_s}
                 runs.append(run)
-                print(f"round {round_} {run['config']} {side}: {run['step_ms']:.2f} ms, start-up {o.startup_s:.2f} s", flush=True)
+                print(f"round {round_} {config} {side}: {step_ms:.2f} ms, start-up {startup_s:.2f} s", flush=True)
     result = summarize(runs)
     print("\n".join(line(config, s) for config, s in result.items()))
     if args.out:
