@@ -32,6 +32,7 @@ PARENT_ENV = "PSTRAIN_PARENT_PID"
 READY_ENV = "PSTRAIN_READY_FILE"  # the chief connects to the cluster once this file exists
 TTY_ENV = "PSTRAIN_TTY"
 GPU_MEMORY_ENV = "PSTRAIN_GPU_MEMORY_MB"  # a worker's GPU memory limit (cluster/task_setup.py gpu_env)
+START_TURNS_ENV = "PSTRAIN_START_TURNS"  # a server beside the chief: it loads in turns (worker/start_turns.py)
 # Switches a user sets (no launcher hands them on): Switches.
 READ_AHEAD_ENV = "PSTRAIN_READ_AHEAD"
 LOG_PLACEMENT_ENV = "PSTRAIN_LOG_DEVICE_PLACEMENT"
@@ -55,6 +56,7 @@ class TaskEnv:
     ready_file: str = ""  # the chief only: connect to the cluster once this file exists
     tty: bool = False  # the chief only: the launcher's stdout is a terminal (a redrawn progress bar)
     gpu_memory_mb: str = ""  # a worker on a shared GPU: its server's limit in MiB (worker/server.py checks it)
+    start_turns: bool = False  # a server on the chief's machine: it loads TensorFlow in turns (worker/start_turns.py)
 
     @classmethod
     def for_config(cls, config: Config, token: str, tls_ca: str = "") -> TaskEnv:
@@ -91,6 +93,8 @@ class TaskEnv:
             env[TTY_ENV] = "1"
         if self.gpu_memory_mb:
             env[GPU_MEMORY_ENV] = self.gpu_memory_mb
+        if self.start_turns:
+            env[START_TURNS_ENV] = "1"
         return env
 
     @classmethod
@@ -109,6 +113,7 @@ class TaskEnv:
             ready_file=env.get(READY_ENV, ""),
             tty=env.get(TTY_ENV) == "1",
             gpu_memory_mb=env.get(GPU_MEMORY_ENV, ""),
+            start_turns=env.get(START_TURNS_ENV) == "1",
         )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -14,6 +16,7 @@ from cluster.errors import ConfigError, PstrainError, report
 from cluster.taskenv import TaskEnv, die_with_parent, gpu_visibility
 from cluster.tfconfig import server_task, tf_config_text
 from worker import tf_runtime
+from worker.start_turns import start_turn
 
 log = logging.getLogger("pstrain.server")
 
@@ -61,23 +64,30 @@ def serve() -> int:
     cluster, task_type, index = server_task(tf_config_text())
     # Block the stop signals first so that sigwait below receives them; TF's join() never returns.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    tf = tf_runtime.load()
-    devices = [f"{d.device_type}:{d.name}" for d in tf.list_physical_devices()]
-    log.info(
-        "%s:%d pid %d CUDA_VISIBLE_DEVICES=%r devices %s",
-        task_type,
-        index,
-        os.getpid(),
-        gpu_visibility(),
-        devices,
-    )
-    config = server_config(TaskEnv.from_env())
-    server = tf.Server(tf.ClusterSpec(cluster), job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
+    task = TaskEnv.from_env()
+    waited = time.monotonic()
+    with start_turn() if task.start_turns else contextlib.nullcontext(False) as turn:
+        if task.start_turns:  # beside the chief, the servers load in turns: it keeps a core (worker/start_turns.py)
+            how = "in its turn" if turn else "without a turn"
+            log.info("%s:%d loading TensorFlow %s after %.2fs", task_type, index, how, time.monotonic() - waited)
+        tf = tf_runtime.load()
+        devices = [f"{d.device_type}:{d.name}" for d in tf.list_physical_devices()]
+        log.info(
+            "%s:%d pid %d CUDA_VISIBLE_DEVICES=%r devices %s",
+            task_type,
+            index,
+            os.getpid(),
+            gpu_visibility(),
+            devices,
+        )
+        config = server_config(task)
+        spec = tf.ClusterSpec(cluster)
+        server = tf.Server(spec, job_name=task_type, task_index=index, protocol="grpc", config=config, start=True)
     log.info("%s:%d serving at %s", task_type, index, server.target)
     agent = agent_from_env(task_type, index, cluster[task_type][index], gpu_memory_fn(tf))
     if agent:
         try:
-            agent.register(devices, deadline_s=TaskEnv.from_env().register_timeout)
+            agent.register(devices, deadline_s=task.register_timeout)
         except (Refused, TimeoutError) as e:
             leave(ConfigError(f"{task_type}:{index}: {e}"))
 

@@ -85,9 +85,10 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="pstrain-plan-") as tmp:
         run_dir = RunDir(Path(tmp) / "run")  # the measured run's layout, made where its directory is
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        launched = time.monotonic()
         launcher = subprocess.Popen(launch_argv(job, workers, ps, batch, steps, run_dir, dense), stdout=out, stderr=out)
         try:
-            return dataclasses.replace(_window(launcher, run_dir, workers, ps, batch, steps, warmup), dense=dense)
+            return dataclasses.replace(_window(launcher, launched, run_dir, workers, ps, batch, steps, warmup), dense=dense)
         finally:
             stop(launcher)
             if log:
@@ -95,10 +96,11 @@ def measure(
 
 
 def _window(
-    launcher: subprocess.Popen, run_dir: RunDir, workers: int, ps: int, batch: int, steps: int, warmup: int
+    launcher: subprocess.Popen, launched: float, run_dir: RunDir, workers: int, ps: int, batch: int, steps: int, warmup: int
 ) -> Observation:
     """Snapshot every role's CPU each time the step count moves; the window runs from the first
-    snapshot at or past `warmup` to the last one."""
+    snapshot at or past `warmup` to the last one. The start-up runs from `launched` (time.monotonic)
+    to the first applied step seen (polled every 10 ms)."""
     metrics = run_dir.metrics
 
     def applied() -> int:
@@ -112,6 +114,11 @@ def _window(
         return count
 
     deadline = time.monotonic() + 300
+    while applied() == 0:
+        if time.monotonic() > deadline:
+            raise ConfigError("pstrain plan: the measured run applied no step in 300 s")
+        time.sleep(0.01)
+    startup_s = time.monotonic() - launched
     while applied() < warmup:
         if time.monotonic() > deadline:
             raise ConfigError(f"pstrain plan: the measured run did not reach step {warmup} in 300 s")
@@ -130,7 +137,7 @@ def _window(
         raise ConfigError("pstrain plan: the measured run was too short for a window; give more --measure-steps")
     n = last - first
     cpu = {role: (after[role] - before[role]) / n for role in ("chief", "ps", "worker") if role in after and role in before}
-    return Observation(workers, ps, batch, (t1 - t0) / n, cpu)
+    return Observation(workers, ps, batch, (t1 - t0) / n, cpu, startup_s=startup_s)
 
 
 def stop(launcher: subprocess.Popen, grace_s: float = 60.0) -> None:

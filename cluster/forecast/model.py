@@ -46,7 +46,7 @@ class Variable:
 @dataclass(frozen=True)
 class Observation:
     """One measured run: wall seconds per step and CPU seconds per step by role (each role summed
-    over its tasks: `chief`, `ps`, `worker`), with the run's train.dense."""
+    over its tasks: `chief`, `ps`, `worker`), with the run's train.dense and its start-up."""
 
     workers: int
     ps: int
@@ -54,6 +54,7 @@ class Observation:
     step_s: float
     cpu_s: dict[str, float]
     dense: str = "ps"
+    startup_s: float | None = None  # launch to the first applied step, where the run measured it
 
     @property
     def cores_busy(self) -> float:

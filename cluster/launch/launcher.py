@@ -218,7 +218,8 @@ def start_local_servers(
 ) -> list[Child]:
     """Start the ps and worker servers that run here; the others register from their own machines."""
     here = [p for p in server_setups(cluster) if runs_here(p, local, local_tasks)]
-    servers = [supervisor.start(setup, python_module("worker"), extra_env=env) for setup in here]
+    beside_chief = {**env, **TaskEnv(start_turns=True).to_env()}  # they load in turns: the chief keeps a core
+    servers = [supervisor.start(setup, python_module("worker"), extra_env=beside_chief) for setup in here]
     remote = len(cluster.ps) + len(cluster.workers) - len(here)
     waiting = f", waiting for {remote} on other machines" if remote else ""
     say(f"{local_task_count(here)} starting{waiting}; logs in {supervisor.log_dir}")

@@ -6,10 +6,11 @@
 Each round launches the job once per (workers x ps) configuration from each checkout, the two in a
 seeded shuffled order per round and configuration, so a slow spell of a shared machine does not land on
 one side only. A run is `pstrain plan`'s measurement (cluster/forecast/measure.py: the step over the
-steps after the first third, and each role's CPU time per step). Printed per configuration: each side's
-median step with its range, the median CPU per step by role, and in how many rounds `--after` was the
-faster. Run it with nothing else on the machine (`ps` first): on 2 shared cores one run can read a
-third slower than the next.
+steps after the first third, and each role's CPU time per step; its start-up, launch to the first
+applied step). Printed per configuration: each side's median step and start-up with their ranges, the
+median CPU per step by role, and in how many rounds `--after` was the faster at each. Run it with
+nothing else on the machine (`ps` first): on 2 shared cores one run can read a third slower than the
+next.
 """
 
 from __future__ import annotations
@@ -50,23 +51,42 @@ def summarize(runs: list[dict]) -> dict:
             steps = [r["step_ms"] for r in mine if r["side"] == side]
             roles = sorted({role for r in mine if r["side"] == side for role in r["cpu_ms"]})
             cpu = {role: statistics.median(r["cpu_ms"][role] for r in mine if r["side"] == side) for role in roles}
-            sides[side] = {"median_ms": statistics.median(steps), "min_ms": min(steps), "max_ms": max(steps), "cpu_ms": cpu}
-        by_round = {(r["round"], r["side"]): r["step_ms"] for r in mine}
+            starts = [r["startup_s"] for r in mine if r["side"] == side]
+            sides[side] = {
+                "median_ms": statistics.median(steps),
+                "min_ms": min(steps),
+                "max_ms": max(steps),
+                "cpu_ms": cpu,
+                "startup_s": statistics.median(starts),
+                "startup_range_s": [min(starts), max(starts)],
+            }
         rounds = sorted({r["round"] for r in mine})
-        won = sum(by_round[n, "after"] < by_round[n, "before"] for n in rounds)
-        ratio = sides["after"]["median_ms"] / sides["before"]["median_ms"]
-        out[config] = {**sides, "after_faster_rounds": won, "rounds": len(rounds), "after_over_before": ratio}
+        out[config] = {**sides, "rounds": len(rounds)}
+        out[config].update(compared(mine, rounds, "step_ms", sides, "median_ms"))
+        out[config].update(compared(mine, rounds, "startup_s", sides, "startup_s", prefix="startup_"))
     return out
+
+
+def compared(runs: list[dict], rounds: list[int], key: str, sides: dict, median: str, prefix: str = "") -> dict:
+    """In how many rounds the after side's `key` was the lower, and its median over the before side's."""
+    by_round = {(r["round"], r["side"]): r[key] for r in runs}
+    won = sum(by_round[n, "after"] < by_round[n, "before"] for n in rounds)
+    ratio = sides["after"][median] / sides["before"][median]
+    return {f"{prefix}after_faster_rounds": won, f"{prefix}after_over_before": ratio}
 
 
 def line(config: str, s: dict) -> str:
     def side(name: str) -> str:
         d = s[name]
         cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in d["cpu_ms"].items())
-        return f"{name} {d['median_ms']:.2f} ms ({d['min_ms']:.2f}-{d['max_ms']:.2f}; CPU ms per step: {cpu})"
+        lo, hi = d["startup_range_s"]
+        start = f"launch to the first step {d['startup_s']:.2f} s ({lo:.2f}-{hi:.2f})"
+        return f"{name} {d['median_ms']:.2f} ms ({d['min_ms']:.2f}-{d['max_ms']:.2f}; CPU ms per step: {cpu}); {start}"
 
     won = f"after faster in {s['after_faster_rounds']} of {s['rounds']} rounds"
-    head = f"{config}: after/before {s['after_over_before']:.2f}, {won}"
+    started = f"start-up after/before {s['startup_after_over_before']:.2f}, after faster in {s['startup_after_faster_rounds']}"
+    started += f" of {s['rounds']}"
+    head = f"{config}: step after/before {s['after_over_before']:.2f}, {won}; {started}"
     return f"{head}\n  {side('before')}\n  {side('after')}"
 
 
@@ -95,9 +115,12 @@ def main() -> int:
                 os.environ["PYTHONPATH"] = str(checkouts[side])
                 o = measure(args.job, workers, ps, args.global_batch_size, args.steps, args.steps // 3)
                 cpu = {role: seconds * 1e3 for role, seconds in sorted(o.cpu_s.items())}
-                run = {"config": f"{workers}x{ps}", "round": round_, "side": side, "step_ms": o.step_s * 1e3, "cpu_ms": cpu}
+                assert o.startup_s is not None  # measure() always takes it
+                config = f"{workers}x{ps}"
+                step_ms, startup_s = o.step_s * 1e3, o.startup_s
+                run = {"config": config, "round": round_, "side": side, "step_ms": step_ms, "cpu_ms": cpu, "startup_s": startup_s}
                 runs.append(run)
-                print(f"round {round_} {run['config']} {side}: {run['step_ms']:.2f} ms", flush=True)
+                print(f"round {round_} {config} {side}: {step_ms:.2f} ms, start-up {startup_s:.2f} s", flush=True)
     result = summarize(runs)
     print("\n".join(line(config, s) for config, s in result.items()))
     if args.out:

@@ -67,6 +67,9 @@ def test_run_dir_layout_and_logs(cluster_run):
     ]
     worker_log = (run_dir / "logs" / "worker-0.log").read_text()
     assert "CUDA_VISIBLE_DEVICES=" in worker_log and "devices [" in worker_log
+    for task in ("ps-0", "worker-0", "worker-1"):  # beside the chief, servers load in turns (worker/start_turns.py)
+        log = (run_dir / "logs" / f"{task}.log").read_text()
+        assert re.search(r"loading TensorFlow (in its turn|without a turn) after \d", log), log[-2000:]
     assert "step 300/300" in (run_dir / "logs" / "chief-0.log").read_text()
     assert (run_dir / "checkpoints" / "checkpoint").exists()
 
