@@ -36,7 +36,7 @@ from tests.helpers import (
     predictions,
     step_lines,
     task_pid,
-    with_block_length,
+    with_session_flags,
 )
 from tests.netns import netns_tier, two_hosts
 
@@ -104,7 +104,7 @@ def launch_on_a(nodes: TwoNodes, run_dir: Path, during, timeout: float = 240) ->
     out = run_dir.parent / "launch.out"
     args = ["launch", "--engine", "ray", "--address", nodes.address, "--spread-workers", *JOB, "--steps", str(STEPS)]
     args += ["--checkpoint-every", "10", "--run-dir", str(run_dir)]
-    argv, env = nodes.a.command(PSTRAIN + with_block_length(args)), {**os.environ, **RAY_ENV}
+    argv, env = nodes.a.command(PSTRAIN + with_session_flags(args)), {**os.environ, **RAY_ENV}
     process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT)
     seen: set[int] = set()
     deadline = time.monotonic() + timeout
