@@ -51,6 +51,22 @@ def skip_if_the_session_hybrid_refused(args: list[str], result: Result) -> None:
         pytest.skip(f"the hybrid refuses this run: {refusals[0].removeprefix('pstrain: error: ')}")
 
 
+def lost_worker_warning(what: str, count: str = "1 of 3") -> str:
+    """The launcher's warning for a lost worker (`what`, e.g. "worker-1 exited (137)") as the session's dense
+    mode words it (cluster/launch/watch.py): under the hybrid every worker restarts with the chief, so the
+    line says why in place of the worker's own restart count."""
+    if DENSE == "allreduce":
+        return f'{what}; train.dense = "allreduce": the other workers\' collectives ended with it'
+    return f"{what}; restarting ({count})"
+
+
+def chief_restart_warning(lost: str) -> str:
+    """The launcher's warning when the chief restarts after `lost` (e.g. "ps-0"), as the session's dense
+    mode words it: under the hybrid every worker restarts too."""
+    which = "every worker and the chief" if DENSE == "allreduce" else "the chief"
+    return f"pstrain: warning: lost {lost}; restarting {which} to resume from checkpoint step "
+
+
 @dataclass
 class Result:
     returncode: int
