@@ -226,10 +226,9 @@ def ps_applied(token: tf.Tensor, global_step: tf.Variable, step: tf.Tensor) -> t
     """Whether the ps applied `step`, from `token`, what the gate's wait for step + 1 returned: step + 1
     (or a later step) says so; `ABORT` says only that the block ended, so the global step, read after
     it, decides (the apply moves it before it opens the next step or aborts a later one). A waiter that
-    peeks while the queue holds the next step's token and then the abort that followed it may see the
-    abort first (each peek puts its token back at the end), though the step was applied: until
-    2026-12-07 that left a worker's copies a step behind the ps (a stop then ended in exit 75 in place
-    of its checkpoint; no model went wrong: the copies' step check caught it)."""
+    peeks while the queue holds the next step's token and then the abort that followed it can see the
+    abort first (each peek puts its token back at the end), though the step was applied; the token
+    alone would then leave this worker's copies a step behind the ps's tables."""
     with tf.device(global_step.device):
         return tf.cond(tf.equal(token, ABORT), lambda: global_step.read_value() > step, lambda: token > step)
 

@@ -24,9 +24,8 @@ def test_the_next_steps_token_means_applied_and_the_global_step_is_not_needed():
 
 
 def test_an_abort_seen_after_the_step_was_applied_still_means_applied():
-    """The race a stop met (2026-12-07, the Ray engine on two nodes): the queue held step 28's token,
-    then the abort of step 28; another waiter's peek put 28 back behind the abort, so this one saw the
-    abort first. The global step (28) says step 27 was applied."""
+    """The queue held step 28's token, then the abort of step 28; another waiter's peek put 28 back
+    behind the abort, so this one saw the abort first. The global step (28) says step 27 was applied."""
     assert applied(ABORT, global_step=STEP + 1)
 
 
