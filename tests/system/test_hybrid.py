@@ -8,6 +8,7 @@ import signal
 import numpy as np
 import pytest
 
+from chief.step.hybrid import COPIES_PAST
 from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain
 from tests.jobs import hybrid
 from tests.soak import compare_checkpoints
@@ -212,6 +213,7 @@ def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exa
     assert 0 < len(metrics(run_dir)[0]) < steps
     chief_log = (run_dir / "logs" / "chief-0.log").read_text()
     assert "stop noticed" in chief_log, "the stop came while a block ran, and ended it there"
+    assert COPIES_PAST not in chief_log, "no closure went on past the step the ps did not apply"
     assert took_no_ps_path(run_dir) == (job == "dense_adam")
     assert_no_orphans(first)
     second = run_pstrain(args)

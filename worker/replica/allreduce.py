@@ -29,6 +29,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import func_graph, ops
 from tensorflow.python.saved_model import save_context
 
+from worker.ps.gate import ABORT
 from worker.replica.replica import replica_step
 
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
@@ -221,11 +222,22 @@ def lean_step(replica, dense, batch, step, slot, stop) -> tuple[tf.Tensor, list,
     return mean_loss, means, finite, stopped[0] > 0
 
 
+def ps_applied(token: tf.Tensor, global_step: tf.Variable, step: tf.Tensor) -> tf.Tensor:
+    """Whether the ps applied `step`, from `token`, what the gate's wait for step + 1 returned: step + 1
+    (or a later step) says so; `ABORT` says only that the block ended, so the global step, read after
+    it, decides (the apply moves it before it opens the next step or aborts a later one). A waiter that
+    peeks while the queue holds the next step's token and then the abort that followed it can see the
+    abort first (each peek puts its token back at the end), though the step was applied; the token
+    alone would then leave this worker's copies a step behind the ps's tables."""
+    with tf.device(global_step.device):
+        return tf.cond(tf.equal(token, ABORT), lambda: global_step.read_value() > step, lambda: token > step)
+
+
 def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) -> tf.Tensor:
     """Once `pushed` (after this slot's pushes) and the ps applied `step` (the gate opened the next one),
     the same update of this worker's copies; nothing where the ps did not apply it (withheld, stopped)."""
     with tf.control_dependencies([pushed]):
-        applied = tf.equal(gate.wait(step + 1, global_step), step + 1)
+        applied = ps_applied(gate.wait(step + 1, global_step), global_step, step)
     # The optimizer's update in a replica context of its own, entered inside the branch (a merge_call
     # must not cross into a branch).
     update = lambda: tf.identity(strategy.run(dense.apply, args=(step, means)) > 0)  # noqa: E731
