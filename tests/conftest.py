@@ -22,10 +22,18 @@ def pytest_addoption(parser):
         help="run every `pstrain launch`/`train` the tests start through run_pstrain with this many steps per "
         "dispatch, unless the test sets its own (1: the chief on every step's path); default: the config's",
     )
+    parser.addoption(
+        "--dense",
+        choices=("ps", "allreduce"),
+        default=None,
+        help="run every `pstrain launch`/`train` the tests start through run_pstrain with train.dense = MODE, unless "
+        "the test sets its own (allreduce: the hybrid step; a run it refuses skips, naming why); default: the config's",
+    )
 
 
 def pytest_configure(config):
     helpers.STEPS_PER_EXECUTION = config.getoption("--steps-per-execution")
+    helpers.DENSE = config.getoption("--dense")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 
 from cluster.rundir import RunDir
 
@@ -20,14 +21,50 @@ ROOT = Path(__file__).resolve().parent.parent
 PSTRAIN = [sys.executable, "-m", "cluster.cli"]
 current_launcher = 0  # pid of the pstrain process run_pstrain is running, for signal_when callbacks
 STEPS_PER_EXECUTION: int | None = None  # pytest --steps-per-execution K (conftest): every run_pstrain launch/train at K
+DENSE: str | None = None  # pytest --dense MODE (conftest): every run_pstrain launch/train with train.dense = MODE
+HYBRID_REFUSAL = 'pstrain: error: train.dense = "allreduce"'  # how the launch refuses a run the hybrid cannot keep exact
 
 
-def with_block_length(args: list[str]) -> list[str]:
-    """`args` with `--steps-per-execution K` added to a `launch` or `train` that does not set its own,
-    when the session runs at one K (`pytest --steps-per-execution 1`: the chief on every step's path)."""
-    if STEPS_PER_EXECUTION is None or not args or args[0] not in ("launch", "train") or "--steps-per-execution" in args:
+def with_session_flags(args: list[str]) -> list[str]:
+    """`args` with the session's `--steps-per-execution K` and `--dense MODE` added to a `launch` or
+    `train` that does not set its own (`pytest --steps-per-execution 1`: the chief on every step's path;
+    `pytest --dense allreduce`: every run takes the hybrid step). Without the options, `args` unchanged."""
+    if not args or args[0] not in ("launch", "train"):
         return args
-    return [args[0], "--steps-per-execution", str(STEPS_PER_EXECUTION), *args[1:]]
+    added = []
+    if STEPS_PER_EXECUTION is not None and "--steps-per-execution" not in args:
+        added += ["--steps-per-execution", str(STEPS_PER_EXECUTION)]
+    if DENSE is not None and "--dense" not in args:
+        added += ["--dense", DENSE]
+    return [args[0], *added, *args[1:]]
+
+
+def skip_if_the_session_hybrid_refused(args: list[str], result: Result) -> None:
+    """Under `pytest --dense allreduce`, a run the session switched to the hybrid and the launch refused in
+    its one line (settings the hybrid cannot keep exact: chief/step/hybrid.py `refusal`) skips the test,
+    naming the refusal: the test's own mode never ran, so it neither passed nor failed."""
+    if DENSE != "allreduce" or with_session_flags(args) == args or "--dense" in args or result.returncode != 2:
+        return
+    refusals = [line for line in result.output.splitlines() if line.startswith(HYBRID_REFUSAL)]
+    if refusals:
+        assert_no_orphans(result)
+        pytest.skip(f"the hybrid refuses this run: {refusals[0].removeprefix('pstrain: error: ')}")
+
+
+def lost_worker_warning(what: str, count: str = "1 of 3") -> str:
+    """The launcher's warning for a lost worker (`what`, e.g. "worker-1 exited (137)") as the session's dense
+    mode words it (cluster/launch/watch.py): under the hybrid every worker restarts with the chief, so the
+    line says why in place of the worker's own restart count."""
+    if DENSE == "allreduce":
+        return f'{what}; train.dense = "allreduce": the other workers\' collectives ended with it'
+    return f"{what}; restarting ({count})"
+
+
+def chief_restart_warning(lost: str) -> str:
+    """The launcher's warning when the chief restarts after `lost` (e.g. "ps-0"), as the session's dense
+    mode words it: under the hybrid every worker restarts too."""
+    which = "every worker and the chief" if DENSE == "allreduce" else "the chief"
+    return f"pstrain: warning: lost {lost}; restarting {which} to resume from checkpoint step "
 
 
 @dataclass
@@ -81,7 +118,7 @@ def run_pstrain(
     a signal when `signal_when()` turns true (asked every `poll_s`). Kills what remains on timeout (and fails)."""
     global current_launcher
     process = subprocess.Popen(
-        PSTRAIN + with_block_length(args),
+        PSTRAIN + with_session_flags(args),
         cwd=cwd or ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -105,8 +142,9 @@ def run_pstrain(
             p.kill()
         process.wait()
         raise AssertionError(f"pstrain {' '.join(args)} did not finish within {timeout}s:\n{process.stdout.read()}")
-    output = process.stdout.read()
-    return Result(process.returncode, output, seen)
+    result = Result(process.returncode, process.stdout.read(), seen)
+    skip_if_the_session_hybrid_refused(args, result)
+    return result
 
 
 def handles_sigterm(pid: int) -> bool:

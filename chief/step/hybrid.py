@@ -71,6 +71,8 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
         return f'train.dense = "allreduce" does not keep forward-pass state (BatchNormalization) yet: {FIX}'
     if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
         return f'train.dense = "allreduce" does not take a loss-scaled optimizer (mixed_float16) yet: {FIX}'
+    if mixed := mixed_policy(replica.model):
+        return f'train.dense = "allreduce" does not take a mixed-precision policy ({mixed}) yet: {FIX}'
     if not isinstance(optimizer, KINDS):
         return f'train.dense = "allreduce" takes tf_keras optimizers only (not Keras 3 ones): {FIX}'
     kind = type(optimizer)
@@ -89,6 +91,17 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
         places(replica.model, dense)
     except ValueError as e:
         return f'train.dense = "allreduce": no layer holds {e} as an attribute (it cannot be replicated); {FIX}'
+    return None
+
+
+def mixed_policy(model) -> str | None:
+    """The name of the first mixed-precision dtype policy among the model's layers (compute dtype other
+    than the variables'), or None: the workers' copies are read as plain tensors, which Keras would not
+    cast to the compute dtype as it casts the variables."""
+    for layer in model._flatten_layers(include_self=True):
+        policy = layer.dtype_policy
+        if policy.compute_dtype != policy.variable_dtype:
+            return policy.name
     return None
 
 

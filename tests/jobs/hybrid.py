@@ -94,3 +94,48 @@ class ScheduledDenseOnly(DenseOnly, Scheduled):
 
 
 scheduled_dense_legacy = ScheduledDenseOnly(**SIZES, optimizer="legacy")
+
+
+@dataclass(frozen=True)
+class Regularized(WithOptimizer):
+    """A tower with weight regularizers (L2 kernels, an L1 bias), which Keras computes from the variables
+    themselves: the workers' copies must stand in for them there too."""
+
+    def model_fn(self) -> tf_keras.Model:
+        model = super().model_fn()
+        hidden = model.layers[-2].input
+        l2 = tf_keras.regularizers.L2(1e-2)
+        hidden = tf_keras.layers.Dense(32, activation="relu", kernel_regularizer=l2, bias_regularizer="l1")(hidden)
+        return tf_keras.Model(model.inputs, tf_keras.layers.Dense(2, kernel_regularizer=l2)(hidden))
+
+
+regularized = Regularized(**SIZES)
+regularized_legacy = Regularized(**SIZES, optimizer="legacy")
+
+
+@dataclass(frozen=True)
+class RegularizedDenseOnly(DenseOnly):
+    """The dense-only model with an L2 kernel: the lean step (no ps on its path) exchanges the loss too."""
+
+    def model_fn(self) -> tf_keras.Model:
+        model = super().model_fn()
+        out = tf_keras.layers.Dense(2, kernel_regularizer=tf_keras.regularizers.L2(1e-2))
+        return tf_keras.Model(model.inputs, out(model.layers[-2].output))
+
+
+regularized_dense = RegularizedDenseOnly(**SIZES)
+
+
+@dataclass(frozen=True)
+class HeldLoss(WithOptimizer):
+    """A loss that holds a dense variable itself (`add_loss(lambda: ... kernel ...)` on the model): refused
+    by "allreduce", which cannot see the read; trained by "ps" as Keras trains it."""
+
+    def model_fn(self) -> tf_keras.Model:
+        model = super().model_fn()
+        kernel = model.layers[-1].kernel
+        model.add_loss(lambda: 1e-3 * tf.reduce_sum(tf.square(kernel)))
+        return model
+
+
+held_loss = HeldLoss(**SIZES)

@@ -30,6 +30,7 @@ def mixed_data(n: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np
 
 class Mixed:
     L2 = 1e-2
+    BATCH_NORM = True
 
     @classmethod
     def model_fn(cls) -> tf_keras.Model:
@@ -39,7 +40,8 @@ class Mixed:
         x = tf_keras.layers.RandomFlip("horizontal")(image)  # random augmentation and noise: per (step, slot) too
         x = tf_keras.layers.GaussianNoise(0.05)(x)
         x = tf_keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)  # no bias before BN (zero gradient)
-        x = tf_keras.layers.BatchNormalization(momentum=0.9)(x)
+        if cls.BATCH_NORM:
+            x = tf_keras.layers.BatchNormalization(momentum=0.9)(x)
         x = tf_keras.layers.ReLU()(x)
         x = tf_keras.layers.GlobalAveragePooling2D()(x)
         # Adapted to the training data when the model is built. Normalization's mean and variance are
@@ -80,6 +82,12 @@ class Mixed:
 
 class MixedNoL2(Mixed):
     L2 = 0.0
+
+
+class MixedNoBN(Mixed):
+    """`Mixed` without its BatchNormalization (forward-pass state, which train.dense = "allreduce" refuses)."""
+
+    BATCH_NORM = False
 
 
 def backup_data(n: int = 192) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, step_lines, with_block_length
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, step_lines, with_session_flags
 from tests.netns import Host, lan, netns_tier
 from tests.system.two_hosts import node_argv, write_two_host_job
 
@@ -61,7 +61,7 @@ def start(tmp_path: Path, hosts: dict[str, Host], steps: int) -> tuple[list[subp
     config, token = write_two_host_job(
         tmp_path, hosts, cluster={"heartbeat_timeout": 5.0}, steps=steps, checkpoint_every=50, run_dir=tmp_path / "run"
     )
-    launch_argv = with_block_length(["launch", "--config", str(config)])
+    launch_argv = with_session_flags(["launch", "--config", str(config)])
     processes = [
         subprocess.Popen(
             host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(tmp_path / f"{name}.out", "w"), stderr=subprocess.STDOUT

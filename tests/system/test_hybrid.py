@@ -8,6 +8,7 @@ import signal
 import numpy as np
 import pytest
 
+from chief.step.hybrid import COPIES_PAST
 from tests.helpers import assert_no_orphans, kill_task_when, metrics, predictions, run_pstrain
 from tests.jobs import hybrid
 from tests.soak import compare_checkpoints
@@ -51,6 +52,9 @@ def assert_same_run(run_dir, reference, features) -> None:
         ("lazy_adam", []),
         ("dense_adam", []),
         ("dense_legacy_sgd", ["--steps-per-execution", "1"]),
+        ("regularized", []),
+        ("regularized_legacy", ["--steps-per-execution", "1"]),
+        ("regularized_dense", []),
     ],
     ids=[
         "adam-default-K",
@@ -60,6 +64,9 @@ def assert_same_run(run_dir, reference, features) -> None:
         "lazy-adam-default-K",
         "dense-only-adam-default-K",
         "dense-only-legacy-sgd-K1",
+        "weight-regularizers-default-K",
+        "weight-regularizers-legacy-adam-K1",
+        "dense-only-weight-regularizer-default-K",
     ],
 )
 def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, flags):
@@ -71,7 +78,7 @@ def test_two_worker_allreduce_run_equals_standalone_bit_for_bit(tmp_path, job, f
         ["launch", "--job", name, "--dense", "allreduce", "--steps", str(STEPS), "--run-dir", str(run_dir), *flags]
     )
     assert result.returncode == 0, result.output
-    assert took_no_ps_path(run_dir) == job.startswith("dense_")
+    assert took_no_ps_path(run_dir) == job.startswith("dense_") or job == "regularized_dense"
     assert_same_run(run_dir, standalone(tmp_path, name), hybrid.adam.eval_data()[0])
     assert_no_orphans(result)
 
@@ -173,6 +180,20 @@ def test_a_refused_setting_stops_the_launch_in_one_line_before_any_step(tmp_path
     assert_no_orphans(result)
 
 
+def test_a_loss_that_holds_a_replicated_variable_is_refused_in_one_line_before_any_step(tmp_path):
+    """`add_loss(lambda: ... kernel ...)` reads the ps's variable, not the worker's copy: the hybrid could
+    not keep it exact, so the launch stops in one line naming the variable and the fix."""
+    run_dir = tmp_path / "run"
+    result = run_pstrain(
+        ["launch", "--job", "tests.jobs.hybrid:held_loss", "--dense", "allreduce", "--steps", "5", "--run-dir", str(run_dir)]
+    )
+    assert result.returncode == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("pstrain: error:")]
+    assert len(errors) == 1 and "other than through its layer" in errors[0] and 'train.dense = "ps"' in errors[0], result.output
+    assert "Traceback" not in result.output and not metrics(run_dir)[0]
+    assert_no_orphans(result)
+
+
 @pytest.mark.parametrize("job", ["adam", "dense_adam"], ids=["tables", "dense-only"])
 def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exactly(tmp_path, job):
     """SIGTERM while a block of K = 64 runs: the ps ends it at a step boundary, the workers update their
@@ -192,6 +213,7 @@ def test_a_stop_mid_block_applies_the_step_nowhere_or_everywhere_and_resumes_exa
     assert 0 < len(metrics(run_dir)[0]) < steps
     chief_log = (run_dir / "logs" / "chief-0.log").read_text()
     assert "stop noticed" in chief_log, "the stop came while a block ran, and ended it there"
+    assert COPIES_PAST not in chief_log, "no closure went on past the step the ps did not apply"
     assert took_no_ps_path(run_dir) == (job == "dense_adam")
     assert_no_orphans(first)
     second = run_pstrain(args)

@@ -30,7 +30,7 @@ from tests.helpers import (
     predictions,
     run_pstrain,
     step_lines,
-    with_block_length,
+    with_session_flags,
 )
 
 pytest.importorskip("ray", reason="the ray extra is not installed (deploy/install_ray.sh)")
@@ -99,7 +99,7 @@ def test_ctrl_c_or_sigterm_checkpoints_stops_and_leaves_nothing(tmp_path, sig):
     run_dir = tmp_path / "run"
     out = tmp_path / "launch.out"
     launcher = subprocess.Popen(
-        PSTRAIN + with_block_length(ray_args(run_dir, None)),
+        PSTRAIN + with_session_flags(ray_args(run_dir, None)),
         cwd=ROOT,
         env={**os.environ, **RAY_ENV},
         stdout=open(out, "w"),

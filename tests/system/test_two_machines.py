@@ -28,7 +28,7 @@ from tests.helpers import (
     predictions,
     run_pstrain,
     step_lines,
-    with_block_length,
+    with_session_flags,
 )
 from tests.netns import netns_tier, set_link, two_hosts
 from tests.system.two_hosts import CONTROL_PORT, node_argv, write_two_host_job
@@ -52,7 +52,7 @@ def run_two_hosts(tmp_path: Path, a, b, steps: int, timeout: float, during=None)
         tmp_path, {"a": a, "b": b}, cluster={"heartbeat_timeout": timeout}, steps=steps, checkpoint_every=20, run_dir=run_dir
     )
     outputs = [tmp_path / "launch.out", tmp_path / "node.out"]
-    launch_argv = with_block_length(["launch", "--config", str(config)])
+    launch_argv = with_session_flags(["launch", "--config", str(config)])
     processes = [
         subprocess.Popen(host.command(PSTRAIN + argv), cwd=ROOT, stdout=open(out, "w"), stderr=subprocess.STDOUT)
         for host, argv, out in ((a, launch_argv, outputs[0]), (b, node_argv(a, token, tmp_path / "node"), outputs[1]))

@@ -26,7 +26,7 @@ from tests.helpers import (
     metrics,
     run_pstrain,
     task_pid,
-    with_block_length,
+    with_session_flags,
 )
 from tests.netns import netns_tier, two_hosts
 from tests.soak import compare_checkpoints
@@ -56,7 +56,7 @@ def run_without_a_shared_mount(tmp_path: Path, tag: int, extra: list[str], durin
         config, token = write_two_host_job(tmp_path, hosts, ps="b", workers="aa", steps=40, checkpoint_every=20, run_dir=run_dir)
         node = PSTRAIN + node_argv(a, token, tmp_path / "node")
         private = f'mount -t tmpfs pstrain-test "{run_dir}" && exec "$0" "$@"'
-        launch = PSTRAIN + with_block_length(["launch", "--config", str(config), *extra])
+        launch = PSTRAIN + with_session_flags(["launch", "--config", str(config), *extra])
         argvs = [
             a.command(["sh", "-c", CGROUPS + ' && exec "$0" "$@"', *launch] if cgroups else launch),
             b.command(["unshare", "--mount", "--propagation", "private", "sh", "-c", private, *node]),

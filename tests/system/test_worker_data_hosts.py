@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from cluster.rundir import RunDir
-from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, with_block_length
+from tests.helpers import PSTRAIN, ROOT, Result, alive, assert_no_orphans, descendant_pids, with_session_flags
 from tests.jobs.data_jobs import write_relative_npy
 from tests.netns import netns_tier, two_hosts
 from tests.system.two_hosts import node_argv, write_two_host_job
@@ -36,7 +36,7 @@ def run_with_b_data(tmp_path: Path, tag: int, b_seed: int | None) -> tuple[int, 
         config, token = write_two_host_job(tmp_path, {"a": a, "b": b}, **job)
         node = node_argv(a, token, tmp_path / "node")
         out = [open(tmp_path / "launch.out", "w"), open(tmp_path / "node.out", "w")]
-        launch_argv = with_block_length(["launch", "--config", str(config)])
+        launch_argv = with_session_flags(["launch", "--config", str(config)])
         processes = [
             subprocess.Popen(host.command(PSTRAIN + argv), cwd=cwd, env=env, stdout=o, stderr=subprocess.STDOUT)
             for host, argv, cwd, o in (

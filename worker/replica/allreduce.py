@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
@@ -28,6 +29,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import func_graph, ops
 from tensorflow.python.saved_model import save_context
 
+from worker.ps.gate import ABORT
 from worker.replica.replica import replica_step
 
 # A collective that loses a member fails at once (a killed peer: "Socket closed"); one whose peer hangs
@@ -154,16 +156,37 @@ def places(model, variables: Sequence[tf.Variable]) -> list[tuple[object, str, i
 
 @contextlib.contextmanager
 def reading(held: Sequence[tuple[object, str, int]], values: Sequence[tf.Tensor]) -> Iterator[None]:
-    """While tracing: the layers in `held` (from `places`) see `values` in place of their variables.
-    Set past Keras's attribute tracking, so the model's lists of weights do not change."""
+    """While tracing: the layers in `held` (from `places`) see `values` in place of their variables, and
+    so do their weight regularizers (`kernel_regularizer` and the like, which Keras computes from the
+    variable itself, not from the layer's attribute). Set past Keras's attribute tracking, so the model's
+    lists of weights do not change."""
     saved = [(layer, name, vars(layer)[name]) for layer, name, _ in held]
+    by_id = {id(vars(layer)[name]): values[i] for layer, name, i in held}
+    layers = list({id(layer): layer for layer, _, _ in held}.values())
+    losses = [list(layer._callable_losses) for layer in layers]
     try:
         for layer, name, i in held:
             object.__setattr__(layer, name, values[i])
+        for layer in layers:
+            layer._callable_losses[:] = [reading_regularizer(loss, by_id) for loss in layer._callable_losses]
         yield
     finally:
         for layer, name, value in saved:
             object.__setattr__(layer, name, value)
+        for layer, kept in zip(layers, losses, strict=True):
+            layer._callable_losses[:] = kept
+
+
+def reading_regularizer(loss, by_id: dict[int, tf.Tensor]):
+    """A layer's callable loss with the variable it regularizes replaced by that variable's value in
+    `by_id` (keyed by the variable's id); any other loss as it is. tf_keras keeps a weight regularizer as
+    partial(_tag_callable, partial(_loss_for_variable, variable)) (base_layer.py add_loss and
+    _handle_weight_regularization). A loss that reads a replicated variable some other way is caught by
+    `replica_step`'s check (worker/replica/replica.py)."""
+    inner = loss.args[0] if isinstance(loss, functools.partial) and len(loss.args) == 1 else None
+    if isinstance(inner, functools.partial) and len(inner.args) == 1 and id(inner.args[0]) in by_id:
+        return functools.partial(loss.func, functools.partial(inner.func, by_id[id(inner.args[0])]), **loss.keywords)
+    return loss
 
 
 def hybrid_step(replica, dense, batch, step, slot) -> tuple[list, list]:
@@ -199,11 +222,22 @@ def lean_step(replica, dense, batch, step, slot, stop) -> tuple[tf.Tensor, list,
     return mean_loss, means, finite, stopped[0] > 0
 
 
+def ps_applied(token: tf.Tensor, global_step: tf.Variable, step: tf.Tensor) -> tf.Tensor:
+    """Whether the ps applied `step`, from `token`, what the gate's wait for step + 1 returned: step + 1
+    (or a later step) says so; `ABORT` says only that the block ended, so the global step, read after
+    it, decides (the apply moves it before it opens the next step or aborts a later one). A waiter that
+    peeks while the queue holds the next step's token and then the abort that followed it can see the
+    abort first (each peek puts its token back at the end), though the step was applied; the token
+    alone would then leave this worker's copies a step behind the ps's tables."""
+    with tf.device(global_step.device):
+        return tf.cond(tf.equal(token, ABORT), lambda: global_step.read_value() > step, lambda: token > step)
+
+
 def apply_after_gate(strategy, dense, gate, global_step, step, pushed, means) -> tf.Tensor:
     """Once `pushed` (after this slot's pushes) and the ps applied `step` (the gate opened the next one),
     the same update of this worker's copies; nothing where the ps did not apply it (withheld, stopped)."""
     with tf.control_dependencies([pushed]):
-        applied = tf.equal(gate.wait(step + 1, global_step), step + 1)
+        applied = ps_applied(gate.wait(step + 1, global_step), global_step, step)
     # The optimizer's update in a replica context of its own, entered inside the branch (a merge_call
     # must not cross into a branch).
     update = lambda: tf.identity(strategy.run(dense.apply, args=(step, means)) > 0)  # noqa: E731

@@ -81,7 +81,15 @@ def replica_step(
         deltas = captured.deltas()
         if touched is not None:
             touched.extend(captured.touched)
-    grads = tape.gradient(scaled, [(reads or {}).get(i, v) for i, v in enumerate(variables)])
+    replaced = [variables[i] for i in reads or {}]  # read through `reads`: the loss may not read them
+    grads = tape.gradient(scaled, [(reads or {}).get(i, v) for i, v in enumerate(variables)] + replaced)
+    grads, elsewhere = grads[: len(variables)], grads[len(variables) :]
+    if read := [v.name for v, g in zip(replaced, elsewhere, strict=True) if g is not None]:
+        raise JobError(
+            f"model_fn: the loss reads the variable {read[0]} other than through its layer (e.g. a loss added "
+            'with a lambda that holds the variable), which train.dense = "allreduce" cannot replicate; '
+            'read it as the layer\'s attribute (self.kernel), or set train.dense = "ps"'
+        )
     if is_loss_scaled(r.optimizer):
         grads = r.optimizer.get_unscaled_gradients(grads)
     sparse = r.sparse if r.sparse is not None else (False,) * len(variables)

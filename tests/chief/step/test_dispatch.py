@@ -346,6 +346,25 @@ def test_a_long_run_equals_standalone_bit_for_bit(in_process_cluster, tmp_path):
         assert np.array_equal(got, want), f"{variable.name}: differs by up to {np.abs(got - want).max():g}"
 
 
+@pytest.mark.inprocess
+def test_a_long_run_of_the_hybrid_step_equals_standalone_bit_for_bit(in_process_cluster, tmp_path):
+    """The same long run with train.dense = "allreduce" (the `Mixed` job without the BatchNormalization
+    the hybrid refuses; its L2 kernel regularizer read from the workers' copies): every loss, and every
+    weight the workers' copies wrote back to the ps, equal to the standalone run's bit for bit."""
+    job = load_job("tests.jobs.keras_models:MixedNoBN")
+    steps = 1024
+    train = TrainConfig(
+        job="mixed", steps=steps, global_batch_size=16, replicas_to_aggregate=2, total_num_replicas=2, dense="allreduce"
+    )
+    cluster, local, results = run_both(in_process_cluster, job, steps, train, tmp_path, per_block=16)
+    assert cluster.lean, "no table: the workers take each step with no ps on its path"
+    assert [c.loss for c, _ in results] == [s.loss for _, s in results]
+    assert results[-1][1].loss < 0.5 * results[0][1].loss, "it learns"
+    reference, variables = values(local), variables_of(local.state.model.weights)
+    for got, want, variable in zip(full_weights(cluster, reference), reference, variables, strict=True):
+        assert np.array_equal(got, want), f"{variable.name}: differs by up to {np.abs(got - want).max():g}"
+
+
 class SignFlip(tf_keras.layers.Layer):
     """A job's layer as users write them: a Python `if` on a tensor, which only AutoGraph can trace."""
 

@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from chief.contract.job import load_job
 from chief.state.model_state import build_state
-from chief.step.hybrid import collectives_lost, refusal
+from chief.step.hybrid import collectives_lost, mixed_policy, refusal
 from cluster.config import TrainConfig
 from worker.replica.gradients import sparse_variables
 from worker.replica.replica import Replica
@@ -90,3 +91,11 @@ def test_lost_collectives_are_told_apart_from_other_errors(message):
     why = collectives_lost(tf.errors.FailedPreconditionError(None, None, message))
     assert why is not None and "\n" not in why
     assert collectives_lost(tf.errors.InvalidArgumentError(None, None, "shapes differ")) is None
+
+
+def test_a_mixed_precision_policy_is_named_for_its_refusal():
+    """The copies are plain float32 tensors, which Keras would not cast to bfloat16 as it casts variables."""
+    layers = [tf_keras.Input((3,)), tf_keras.layers.Dense(4, dtype="mixed_bfloat16"), tf_keras.layers.Dense(1)]
+    mixed = tf_keras.Sequential(layers)
+    assert mixed_policy(mixed) == "mixed_bfloat16"
+    assert mixed_policy(tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])) is None
