@@ -63,7 +63,8 @@ def replica_step(
     row-sparse variables are deduplicated, sorted row slices, the others dense. `touched`, if
     given, receives the positions in `r.state_variables` that the forward pass assigned. `reads`:
     position among the trainable variables -> the tensor the model reads for it instead (a worker's
-    copy, worker/replica/allreduce.py `reading`): its gradient is taken for that tensor."""
+    copy, worker/replica/allreduce.py `reading`): its gradient is taken for that tensor, and a loss that
+    also reads the variable itself raises JobError (one line: the hybrid could not keep it exact)."""
     from worker.replica.randomness import stateless_random
 
     features, labels, weights = unpack(data)
