@@ -214,7 +214,10 @@ class DenseCopies:
             made_by = copy._var_creator
             copy._var_creator = functools.partial(made_by.func, **{**made_by.keywords, "initial_value": source.read_value})
         self.held = places(replica.model, self.originals)
-        self.group_key = random.randrange(1, 2**31)  # the workers' collective group, fresh for this chief
+        # The workers' collective group, fresh for this chief: from the system's randomness, as the job's
+        # seed fixes Python's `random` (tf_keras.utils.set_random_seed). Seeded, every engine of a process
+        # drew the same key, and a second engine on the same servers met the first one's collectives.
+        self.group_key = random.SystemRandom().randrange(1, 2**31)
         self.write_back = tf.function(self._write_back, autograph=False)
 
     def _write_back(self, step) -> tf.Tensor:
