@@ -98,8 +98,8 @@ def worker_loop(strategy, state, replica, aggregator, gate, source, expected, re
             if dense is not None:
                 pushed = apply_after_gate(strategy, dense, gate, global_step, step, *pushed)
                 # A step the ps did not apply ends the block (the hybrid takes no backups, no skips): the
-                # copies stay at it, so this closure ends too. It went on once, to a step whose copies'
-                # check failed: TF logged an error per closure, and a chief that met one exited 75.
+                # copies stay at it, so this closure ends too, rather than run a step whose copies' check
+                # would fail (an error in TF's log per closure, and exit 75 for a chief that met one).
                 token = tf.where(pushed, token, tf.constant(ABORT, tf.int64))
             wheres = wheres.write(i, tf.concat([tf.cast(where, tf.int64), [tf.cast(hit, tf.int64)]], 0))
             with tf.control_dependencies([pushed]):  # the next step waits for this one's pushes
