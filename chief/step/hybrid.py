@@ -32,7 +32,7 @@ from worker.ps.clipping import clipping_of
 from worker.replica.allreduce import WorkerCopy, places
 from worker.replica.replica import Replica
 
-FIX = 'or set train.dense = "ps"'
+FIX = 'set train.dense = "ps"'  # every refusal's way out; where the line names another, "..., or {FIX}"
 COPIES_PAST = "dense copies past its step"  # in the re-run check's message (DenseCopies.check_step)
 COPIES_ELSEWHERE = "dense copies not at the step the ps applied"  # in the write-back's (DenseCopies.write_back)
 # What TF says in a survivor once a worker of the collective group was lost (../shared/notes/hybrid.md).
@@ -52,21 +52,21 @@ def refusal(job: Job, train: TrainConfig, replica: Replica, workers: int) -> str
     if train.total_num_replicas != train.replicas_to_aggregate:
         return (
             'train.dense = "allreduce" does not take backup workers yet: set train.total_num_replicas = '
-            f"replicas_to_aggregate, {FIX}"
+            f"replicas_to_aggregate, or {FIX}"
         )
     if train.replicas_to_aggregate != workers:
         return (
             f'train.dense = "allreduce" needs one slot per worker: set train.replicas_to_aggregate = {workers} '
-            f"(the workers) or use {train.replicas_to_aggregate} workers, {FIX}"
+            f"(the workers) or use {train.replicas_to_aggregate} workers, or {FIX}"
         )
     if train.on_nonfinite != "stop":
-        return f'train.dense = "allreduce" keeps only train.on_nonfinite = "stop": set it, {FIX}'
+        return f'train.dense = "allreduce" keeps only train.on_nonfinite = "stop": set it, or {FIX}'
     if job.framework != TF_KERAS:
         return f'train.dense = "allreduce" takes tf_keras models only (the job uses Keras 3): {FIX}'
     if not dense:
         return f'train.dense = "allreduce": the model has no dense trainable variable to replicate; {FIX}'
     if sharded := [v.name for v in dense if "/part_" in v.name]:
-        return f'train.dense = "allreduce": the dense variable {sharded[0]} is sharded across ps tasks; use --ps 1, {FIX}'
+        return f'train.dense = "allreduce": the dense variable {sharded[0]} is sharded across ps tasks; use --ps 1, or {FIX}'
     if replica.state_variables:
         return f'train.dense = "allreduce" does not keep forward-pass state (BatchNormalization) yet: {FIX}'
     if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
