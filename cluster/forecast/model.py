@@ -11,10 +11,14 @@ A synchronous step has four resources that each must do their share of it:
   chief_per_ps_s * (P - 1)` (a step up from one ps to two: about 4 ms while the apply loop ran on the
   chief with several ps, until 2026-12-07; about 0.2 ms since, at 4 workers: 1.22 ms on 2 ps, 1.03 on 1).
 The predicted step is the largest of them (the one that binds), a roofline: the others overlap with it.
-Where every task shares `cores` cores (one machine, as in the measured run), all tasks' CPU over the
-cores is a fifth bound, `shared cores`. That is train.dense = "ps" (`predict`); train.dense =
-"allreduce", the hybrid step, is `predict_allreduce`: its worker's CPU fitted on hybrid runs
-(`fit_allreduce`), its exchange on the workers' links, in series with their compute.
+On a link, the worker's compute and the ps's network are one bound, `worker compute + network`: a
+synchronous step's pulls land before its forward pass, its pushes leave after its backward pass, and
+the next step's pulls wait for the apply, so transfers and compute run in series (docs/plan.md).
+Where every task shares `cores` cores (one machine, as in the
+measured run), all tasks' CPU over the cores is a further bound, `shared cores`. That is train.dense =
+"ps" (`predict`); train.dense = "allreduce", the hybrid step, is `predict_allreduce`: its worker's CPU
+fitted on hybrid runs (`fit_allreduce`), its exchange on the workers' links, in series with their
+compute likewise.
 """
 
 from __future__ import annotations
@@ -248,6 +252,8 @@ def predict(costs: Costs, variables: Sequence[Variable], placement: Sequence[Pie
         one_worker = sum(v.pull_bytes + v.push_bytes for v in variables)
         network = max(one_worker, *ps_bytes) / scenario.bandwidth + 2 * scenario.rtt_s
     loads = {"worker compute": _worker_s(costs, scenario), "ps CPU": max(ps_cpu), "ps network": network}
+    if scenario.bandwidth:  # in series: the pulls before the forward pass, the pushes after the backward
+        loads["worker compute + network"] = loads["worker compute"] + network
     return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
 
 

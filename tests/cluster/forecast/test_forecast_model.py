@@ -56,10 +56,14 @@ def test_prediction_arithmetic_by_hand():
     ps = 1 + 4 * 0.2 + 4 * 1.0
     net = 4 * 2 * (400_000 + 16_384) / 1.25e9 / MS + 2 * 0.1
     chief = 0.5 + 0.04  # one ps: neither the step to two ps nor a cost per further ps
-    want = {"worker compute": worker, "ps CPU": ps, "ps network": net, "chief": chief}
+    serial = worker + net  # on a link the pulls, the compute and the pushes run in series
+    want = {"worker compute": worker, "ps CPU": ps, "ps network": net, "worker compute + network": serial, "chief": chief}
     assert got.loads == pytest.approx({k: v * MS for k, v in want.items()})
-    assert got.binding == "worker compute" and got.step_s == pytest.approx(worker * MS)
-    assert got.examples_per_s == pytest.approx(128 / (worker * MS))
+    assert got.binding == "worker compute + network" and got.step_s == pytest.approx(serial * MS)
+    assert got.examples_per_s == pytest.approx(128 / (serial * MS))
+    on_loopback = predict(c, v, pstrain_placement(v, 1), Scenario(workers=4, ps=1, batch=128, bandwidth=None))
+    assert "worker compute + network" not in on_loopback.loads  # the copies are in the measured CPU
+    assert on_loopback.binding == "worker compute" and on_loopback.step_s == pytest.approx(worker * MS)
 
 
 def test_each_resource_can_bind():
@@ -71,7 +75,10 @@ def test_each_resource_can_bind():
 
     assert binding(costs()) == "worker compute"
     assert binding(costs(), workers=16) == "ps CPU"  # 1 + 16 * 1.2 ms on the ps against 4.1 ms per worker
-    assert binding(costs(), bandwidth=1.25e8) == "ps network"  # 1 Gbit: 4 workers' 3.3 MB take 27 ms
+    # 1 Gbit: 4 workers' 3.3 MB take 27 ms through the ps's port, after and before 8.9 ms of each worker's compute
+    assert binding(costs(), bandwidth=1.25e8) == "worker compute + network"
+    idle = costs(worker_base_s=0.0, worker_example_s=0.0, worker_per_ps_s=0.0)
+    assert binding(idle, bandwidth=1.25e8) == "ps network"  # the network term alone (workers that cost nothing)
     assert binding(costs(chief_base_s=50 * MS)) == "chief"
     assert binding(costs(), cores=2.0) == "shared cores"  # every task on 2 cores
 
