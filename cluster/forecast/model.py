@@ -313,8 +313,9 @@ def predict_allreduce(
       1 MiB or more as soon as it is made (worker/replica/allreduce.py `summed_mean`), so the rest of
       the backward pass overlaps the exchange there, which this leaves out (it over-predicts by at most
       that rest).
-      On a link they bind as one, `worker compute + network`; on loopback (no bandwidth) the
-      exchange's copies are in its CPU."""
+      On a link they bind as one, `worker compute + network`, the network there being the busier
+      of the worker's port and the ps's (which carries every worker's table rows); on loopback (no
+      bandwidth) the exchange's copies are in its CPU."""
     n, p = scenario.workers, scenario.ps
     tables = [v for v in variables if v.row_sparse]
     dense = [v for v in variables if not v.row_sparse]
@@ -346,7 +347,7 @@ def predict_allreduce(
         worker_network = (own + ring * dense_bytes) / scenario.bandwidth + trips * scenario.rtt_s
     loads = {"worker compute": worker, "ps CPU": max(ps_cpu), "ps network": ps_network, "worker network": worker_network}
     if scenario.bandwidth:
-        loads["worker compute + network"] = worker + worker_network
+        loads["worker compute + network"] = worker + max(worker_network, ps_network)
     return _roofline(costs, scenario, loads, ps_cpu, ps_bytes)
 
 

@@ -260,7 +260,13 @@ def test_the_hybrid_worker_is_charged_what_its_measured_runs_fitted():
     worker = (3 + 0.2 * 128 / 8 + 0.5 * 1 + 4 * 7) * MS
     assert got.loads["worker compute"] == pytest.approx(worker)
     network = (2 * 400_000 + 7 * 16_384) / 1.25e8 + 7 * 0.1 * MS
-    assert got.loads["worker compute + network"] == pytest.approx(worker + network)
+    assert got.loads["worker network"] == pytest.approx(network)
+    # each ps's port carries 8 workers' halves of the table rows both ways (and one ps the kernel's
+    # write-back with Adam's 2 slots once per 64 steps), more than a worker's port: the step's
+    # transfers wait on it, in series with the compute
+    ps_port = (8 * 2 * 400_000 / 2 + 16_384 * 3 / 64) / 1.25e8 + 2 * 0.1 * MS
+    assert got.loads["ps network"] == pytest.approx(ps_port) and ps_port > network
+    assert got.loads["worker compute + network"] == pytest.approx(worker + ps_port)
     alone = predict_allreduce(c, v, pstrain_placement(v, 1), Scenario(1, 1, 128, None), 2, 64, hybrid)
     assert alone.loads["worker compute"] == pytest.approx((3 + 0.2 * 128) * MS)  # no ring step, no second ps
     assert "worker compute + network" not in alone.loads  # loopback: the exchange's copies are in its CPU
