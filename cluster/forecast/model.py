@@ -13,7 +13,8 @@ A synchronous step has four resources that each must do their share of it:
 The predicted step is the largest of them (the one that binds), a roofline: the others overlap with it.
 On a link, the worker's compute and the ps's network are one bound, `worker compute + network`: a
 synchronous step's pulls land before its forward pass, its pushes leave after its backward pass, and
-the next step's pulls wait for the apply, so transfers and compute run in series (docs/plan.md).
+the next step's pulls wait for the apply, so they are counted in series (an upper bound where TF
+overlaps a layer's transfer with another's compute: docs/plan.md).
 Where every task shares `cores` cores (one machine, as in the
 measured run), all tasks' CPU over the cores is a further bound, `shared cores`. That is train.dense =
 "ps" (`predict`); train.dense = "allreduce", the hybrid step, is `predict_allreduce`: its worker's CPU

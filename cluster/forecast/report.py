@@ -10,7 +10,7 @@ from cluster.forecast.model import Costs, HybridCosts, Piece, Prediction, Variab
 
 UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 UNITS |= {"kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8, "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
-RESOURCES = ("worker compute", "ps CPU", "ps network", "worker network", "chief", "shared cores")
+RESOURCES = ("worker compute", "ps CPU", "ps network", "worker network", "worker compute + network", "chief", "shared cores")
 
 
 def parse_bandwidth(text: str) -> float | None:

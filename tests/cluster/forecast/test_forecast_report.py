@@ -134,3 +134,20 @@ def test_the_hybrids_fitted_costs_get_a_line_of_their_own():
         '  with train.dense = "allreduce": worker 12.00 ms per step + its share of the batch + 4.00 ms per further worker'
         " (the exchange); ps 2.00 ms per step + 1.50 ms per worker"
     )
+
+
+def test_a_link_shows_the_series_that_binds_as_a_column_of_its_own():
+    from cluster.forecast.model import Costs, Scenario, Variable, predict, pstrain_placement
+
+    ms = 1e-3
+    costs = Costs(2 * ms, 0.2 * ms, 0.5 * ms, 1 * ms, 0.2 * ms, 1 * ms, 0.5 * ms, 0.01 * ms, 0.0, 0.1 * ms, 2.0)
+    v = [
+        Variable("table", 256 << 20, 1_000_000, 400_000, 400_000, row_sparse=True),
+        Variable("kernel", 16_384, 64, 16_384, 16_384),
+    ]
+    on_link = predict(costs, v, pstrain_placement(v, 1), Scenario(4, 1, 128, 1.25e8))
+    lines = table([(4, 1, on_link)])
+    assert "| ps network ms | worker compute + network ms | chief ms | binds |" in lines[0]
+    cells = lines[2].split(" | ")
+    # the step is the series' column, and the row names it as what binds
+    assert cells[2] == cells[7] == f"{on_link.step_s * 1e3:.2f}" and lines[2].endswith("| worker compute + network |")
