@@ -314,9 +314,8 @@ def predict_allreduce(
       1 MiB or more as soon as it is made (worker/replica/allreduce.py `summed_mean`), so the rest of
       the backward pass overlaps the exchange there, which this leaves out (it over-predicts by at most
       that rest).
-      On a link they bind as one, `worker compute + network`, the network there being the busier
-      of the worker's port and the ps's (which carries every worker's table rows); on loopback (no
-      bandwidth) the exchange's copies are in its CPU."""
+      On a link they bind as one, `worker compute + network`, over the busier of the worker's port and
+      the ps's (every worker's table rows); on loopback the exchange's copies are in its CPU."""
     n, p = scenario.workers, scenario.ps
     tables = [v for v in variables if v.row_sparse]
     dense = [v for v in variables if not v.row_sparse]
